@@ -1,0 +1,1 @@
+"""Pydantic models of the wire formats the gateway accepts and emits."""
