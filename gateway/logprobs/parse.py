@@ -1,0 +1,261 @@
+"""Upstream logprob payloads -> canonical `Token`s, undoing every lossy spelling.
+
+A token's bytes are taken, in order of trust, from: a token id (`token_id:N`, or an id field)
+looked up in the model's tokenizer; the `bytes:\\xNN` spelling; a `bytes` array that cannot be a
+lossy decode; a raw vocabulary piece (`Ġhello`, `<0xE6>`) when the upstream sends those; the
+string itself when it is clean text. Whatever stays lossy (`"�"`, `""`) is repaired by aligning
+against the final text when the caller has it (see align.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.logprobs.align import Piece, align
+from gateway.logprobs.report import TranslationReport
+from gateway.logprobs.spellings import (
+    is_lossy_string,
+    looks_like_special,
+    parse_bytes_spelling,
+    parse_token_id,
+    unescape_chat_token,
+)
+from gateway.logprobs.tokens import SENTINEL_LOGPROB, Candidate, Origin, Token, normalize_logprob
+from gateway.logprobs.vocab import Vocab
+
+_REPLACED = "\ufffd".encode()
+
+
+class LogprobParseError(ValueError):
+    """The upstream payload is not a logprob structure we can read."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParseOptions:
+    """How to read one upstream's token strings.
+
+    trust_bytes: True for servers whose `bytes` are exact (OpenAI, llama.cpp, our own output);
+      False to ignore them; None to judge per token (bytes that hold U+FFFD's encoding, or an empty
+      list, are a lossy decode and are not trusted).
+    pieces: token strings are raw vocabulary pieces (`Ġhello`, `▁the`, `<0xE6>`), as older vLLM sent.
+    escapes: token strings use OpenAI's literal `\\xNN` escapes and `bytes` may be missing.
+    """
+
+    vocab: Vocab | None = None
+    trust_bytes: bool | None = None
+    pieces: bool = False
+    escapes: bool = False
+
+
+@dataclass(slots=True)
+class Parsed:
+    tokens: list[Token]
+    report: TranslationReport = field(default_factory=TranslationReport)
+
+
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    """One token string read as far as it goes without the text."""
+
+    string: str
+    exact: bytes | None
+    token_id: int | None
+    special: bool
+    origin: Origin
+
+
+def _read(token: Any, raw_bytes: Any, options: ParseOptions, token_id: int | None = None) -> _Reading:
+    if not isinstance(token, str):
+        raise LogprobParseError(f"token must be a string, got {type(token).__name__}")
+    vocab = options.vocab
+    if token_id is None:
+        token_id = parse_token_id(token)
+        if token_id is not None and vocab is None:
+            raise LogprobParseError(f"{token!r} is a token id placeholder but no tokenizer is configured")
+    if token_id is not None and vocab is not None:
+        try:
+            data = vocab.token_bytes(token_id)
+        except (KeyError, IndexError):
+            raise LogprobParseError(f"token id {token_id} is not in the tokenizer {vocab.name!r}") from None
+        return _Reading(token, data, token_id, vocab.is_special(token_id), Origin.TOKEN_ID)
+    spelled = parse_bytes_spelling(token)
+    if spelled is not None:
+        return _Reading(token, spelled, None, False, Origin.EXACT)
+    if raw_bytes is not None and options.trust_bytes is not False:
+        data = _as_bytes(raw_bytes)
+        if options.trust_bytes or not _is_valid_utf8(data):
+            return _Reading(token, data, None, False, Origin.EXACT)
+        if data and _REPLACED not in data:
+            # Valid text: right unless the server merged neighbours into it; alignment checks.
+            return _Reading(data.decode(), None, None, False, Origin.TEXT)
+    if options.pieces and vocab is not None:
+        piece_id = vocab.id_for_piece(token)
+        if piece_id is not None:
+            return _Reading(token, vocab.token_bytes(piece_id), piece_id, vocab.is_special(piece_id),
+                            Origin.TOKEN_ID)
+    if options.escapes and "\\x" in token:
+        data = unescape_chat_token(token)
+        if not _is_valid_utf8(data):
+            return _Reading(token, data, None, False, Origin.EXACT)
+    if is_lossy_string(token):
+        return _Reading(token, None, None, False, Origin.AMBIGUOUS)
+    return _Reading(token, None, None, False, Origin.TEXT)
+
+
+def _as_bytes(raw: Any) -> bytes:
+    if not isinstance(raw, list) or not all(isinstance(b, int) and 0 <= b <= 255 for b in raw):
+        raise LogprobParseError("bytes must be a list of integers 0..255")
+    return bytes(raw)
+
+
+def _is_valid_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _logprob(value: Any, report: TranslationReport) -> float:
+    if value is not None and not isinstance(value, int | float):
+        raise LogprobParseError(f"logprob must be a number, got {type(value).__name__}")
+    result = normalize_logprob(value)
+    if result == SENTINEL_LOGPROB and (value is None or value != SENTINEL_LOGPROB):
+        report.sentinels += 1
+    return result
+
+
+def _candidate(reading: _Reading, logprob: float, report: TranslationReport) -> Candidate:
+    if reading.exact is not None:
+        return Candidate(reading.exact, logprob, reading.token_id, reading.origin)
+    if reading.origin is Origin.AMBIGUOUS:
+        # An alternative has no text to align against: keep it, flagged, with its best-guess bytes.
+        report.ambiguous_candidates += 1
+    return Candidate(reading.string.encode(), logprob, None, reading.origin)
+
+
+@dataclass(slots=True)
+class _Entry:
+    reading: _Reading
+    logprob: float | None
+    top: tuple[Candidate, ...]
+    top_absent: bool
+
+
+def _finish(entries: list[_Entry], text: str | None, options: ParseOptions, report: TranslationReport) -> Parsed:
+    """Turn readings into Tokens, aligning lossy ones against `text` when given."""
+    tokens: list[Token] = []
+    report.from_ids += sum(1 for e in entries if e.reading.origin is Origin.TOKEN_ID)
+    needs_alignment = any(e.reading.exact is None for e in entries) or text is not None
+    if text is None or not needs_alignment:
+        for index, entry in enumerate(entries):
+            reading = entry.reading
+            data = reading.exact if reading.exact is not None else reading.string.encode()
+            if reading.origin is Origin.AMBIGUOUS:
+                report.ambiguous_positions.append(index)
+            tokens.append(Token(data, entry.logprob, entry.top, reading.token_id, reading.special,
+                                reading.origin, entry.top_absent))
+        return Parsed(tokens, report)
+
+    # Tokens known to be special (by id) carry no text; the rest must tile it.
+    visible = [i for i, e in enumerate(entries) if not e.reading.special]
+    last_text = max((i for i in visible if entries[i].reading.string or entries[i].reading.exact), default=-1)
+    pieces = []
+    for i in visible:
+        reading = entries[i].reading
+        trailing_empty = reading.exact is None and reading.string == "" and i > last_text
+        pieces.append(Piece(reading.string, reading.exact,
+                            may_be_empty=trailing_empty or looks_like_special(reading.string)))
+    alignment = align(pieces, text.encode(), options.vocab)
+    spans = dict(zip(visible, alignment.spans, strict=True))
+    ambiguous = {visible[j] for j in alignment.ambiguous}
+    for index, entry in enumerate(entries):
+        reading = entry.reading
+        special = reading.special
+        if special:
+            data = reading.exact if reading.exact is not None else b""
+            origin = reading.origin
+        else:
+            data = spans[index]
+            origin = reading.origin
+            if not data and reading.exact is None and reading.string:
+                special = True  # a control token spelled as text that the text does not hold
+            elif index in ambiguous:
+                origin = Origin.AMBIGUOUS
+            elif (reading.exact is None and data != reading.string.encode()) or reading.origin is Origin.AMBIGUOUS:
+                origin = Origin.ALIGNED
+        if origin is Origin.ALIGNED:
+            report.aligned += 1
+        if origin is Origin.AMBIGUOUS:
+            report.ambiguous_positions.append(index)
+        tokens.append(Token(data, entry.logprob, entry.top, reading.token_id, special, origin, entry.top_absent))
+    return Parsed(tokens, report)
+
+
+def parse_chat(
+    content: Sequence[Mapping[str, Any]] | None, options: ParseOptions, text: str | None = None
+) -> Parsed:
+    """Chat `logprobs.content` entries `{token, logprob, bytes?, top_logprobs?}` (also llama.cpp's,
+    whose entries add `id`) -> Tokens. `text` is the message text the tokens produced, if known."""
+    report = TranslationReport()
+    entries: list[_Entry] = []
+    for item in content or ():
+        if not isinstance(item, Mapping):
+            raise LogprobParseError("each logprob entry must be an object")
+        reading = _read(item.get("token"), item.get("bytes"), options, _int_or_none(item.get("id")))
+        logprob = _logprob(item.get("logprob"), report)
+        top = tuple(_candidates_from_list(item.get("top_logprobs"), options, report))
+        entries.append(_Entry(reading, logprob, top, False))
+    return _finish(entries, text, options, report)
+
+
+def _candidates_from_list(
+    items: Iterable[Mapping[str, Any]] | None, options: ParseOptions, report: TranslationReport
+) -> Iterable[Candidate]:
+    for item in items or ():
+        if not isinstance(item, Mapping):
+            raise LogprobParseError("each top_logprobs entry must be an object")
+        reading = _read(item.get("token"), item.get("bytes"), options, _int_or_none(item.get("id")))
+        yield _candidate(reading, _logprob(item.get("logprob"), report), report)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def parse_completions(
+    logprobs: Mapping[str, Any], options: ParseOptions, text: str | None = None
+) -> Parsed:
+    """Legacy completions `{tokens, token_logprobs, top_logprobs, text_offset}` -> Tokens.
+
+    `text_offset` is ignored: it counts lossy strings and differs between servers; renderers
+    recompute it. A null `token_logprobs[i]` (first echoed prompt token) stays None.
+    """
+    report = TranslationReport()
+    token_strings = logprobs.get("tokens") or []
+    values = logprobs.get("token_logprobs") or []
+    tops = logprobs.get("top_logprobs")
+    if len(values) != len(token_strings) or (tops is not None and len(tops) != len(token_strings)):
+        raise LogprobParseError("completions logprob arrays differ in length")
+    entries: list[_Entry] = []
+    for index, token in enumerate(token_strings):
+        reading = _read(token, None, options)
+        value = values[index]
+        logprob = None if value is None else _logprob(value, report)
+        top_dict = tops[index] if tops is not None else None
+        if top_dict is not None and not isinstance(top_dict, Mapping):
+            raise LogprobParseError("completions top_logprobs entries must be objects")
+        top = tuple(
+            _candidate(_read(key, None, options), _logprob(lp, report), report)
+            for key, lp in (top_dict or {}).items()
+        )
+        entries.append(_Entry(reading, logprob, top, top_dict is None))
+    return _finish(entries, text, options, report)
+
+
+def parse_responses(entries: Sequence[Mapping[str, Any]] | None, vocab: Vocab | None = None) -> Parsed:
+    """Responses `output_text.logprobs` -> Tokens. `bytes` there is exact by contract."""
+    return parse_chat(entries, ParseOptions(vocab=vocab, trust_bytes=True))
+

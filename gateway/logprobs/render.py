@@ -1,0 +1,125 @@
+"""Canonical `Token`s -> each client wire format.
+
+Renderers take the tokens the client should see (control tokens already set aside) and the
+client's k; they normalize alternatives (dedupe, sort, cut to k) and map sentinels, so that no
+output ever holds NaN, Infinity or an unsorted top list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from gateway.logprobs.report import TranslationReport
+from gateway.logprobs.spellings import chat_token_string, completions_token_string
+from gateway.logprobs.tokens import Candidate, Token, normalize_logprob
+
+
+def visible_tokens(tokens: Iterable[Token]) -> list[Token]:
+    """The tokens that spell the text: control tokens (EOS and the like) are set aside."""
+    return [token for token in tokens if not token.special]
+
+
+def _entry(data: bytes, logprob: float | None) -> dict[str, Any]:
+    return {"token": chat_token_string(data), "logprob": normalize_logprob(logprob), "bytes": list(data)}
+
+
+def render_chat_entry(token: Token, k: int) -> dict[str, Any]:
+    entry = _entry(token.bytes, token.logprob)
+    entry["top_logprobs"] = [_entry(c.bytes, c.logprob) for c in token.normalized_top(k)]
+    return entry
+
+
+def render_chat(tokens: Sequence[Token], k: int) -> list[dict[str, Any]]:
+    """Chat `logprobs.content`: `{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}`."""
+    return [render_chat_entry(token, k) for token in tokens]
+
+
+def render_responses_entry(token: Token, k: int) -> dict[str, Any]:
+    # Same keys as chat; bytes are sent everywhere (the Open Responses spec requires them in
+    # stream events too, and OpenAI's SDK accepts them).
+    return render_chat_entry(token, k)
+
+
+def render_responses(tokens: Sequence[Token], k: int) -> list[dict[str, Any]]:
+    """Responses `output_text.logprobs`: `{token, bytes, logprob, top_logprobs}` per token."""
+    return [render_chat_entry(token, k) for token in tokens]
+
+
+def _lead_bytes(data: bytes) -> int:
+    """How many characters start in `data` (bytes that are not UTF-8 continuation bytes)."""
+    return sum(1 for b in data if (b & 0xC0) != 0x80)
+
+
+def render_completions(
+    tokens: Sequence[Token],
+    k: int,
+    *,
+    text_offset_start: int = 0,
+    include_sampled: bool = True,
+    report: TranslationReport | None = None,
+) -> dict[str, Any]:
+    """Legacy completions `{tokens, token_logprobs, top_logprobs, text_offset}`.
+
+    Each dict holds the top k plus, as OpenAI does ("up to logprobs+1 elements"), the sampled token
+    when it is not among them. `text_offset` is the code-point offset in the text of the character
+    where each token starts, from `text_offset_start`. A token whose logprob is None (first echoed
+    prompt token) gets null logprob and null top_logprobs.
+    """
+    strings: list[str] = []
+    values: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
+    chars_before = text_offset_start
+    for token in tokens:
+        strings.append(completions_token_string(token.bytes))
+        # A token that starts inside a character points at that character.
+        starts_inside = bool(token.bytes) and (token.bytes[0] & 0xC0) == 0x80
+        offsets.append(chars_before - 1 if starts_inside and chars_before > text_offset_start else chars_before)
+        chars_before += _lead_bytes(token.bytes)
+        if token.logprob is None:
+            values.append(None)
+            tops.append(None)
+            continue
+        values.append(normalize_logprob(token.logprob))
+        candidates = list(token.normalized_top(k))
+        if include_sampled and k > 0 and not any(_same(c, token) for c in candidates):
+            candidates.append(Candidate(token.bytes, token.logprob, token.token_id))
+        tops.append(completions_top_dict(candidates, report))
+    return {"tokens": strings, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _same(candidate: Candidate, token: Token) -> bool:
+    if candidate.token_id is not None and token.token_id is not None:
+        return candidate.token_id == token.token_id
+    return candidate.bytes == token.bytes
+
+
+def completions_top_dict(
+    candidates: Sequence[Candidate], report: TranslationReport | None = None
+) -> dict[str, float]:
+    """`{token: logprob}` where two candidates can share a key (same bytes, different ids).
+
+    The first keeps the plain spelling; a later one takes the escaped `bytes:` spelling (which
+    reads back to the same bytes), then `token_id:N`; only with neither is it merged, and counted.
+    """
+    out: dict[str, float] = {}
+    for candidate in candidates:
+        key = completions_token_string(candidate.bytes)
+        logprob = normalize_logprob(candidate.logprob)
+        if key in out:
+            alternatives = ["bytes:" + "".join(f"\\x{b:02x}" for b in candidate.bytes)]
+            if candidate.token_id is not None:
+                alternatives.append(f"token_id:{candidate.token_id}")
+            free = next((alt for alt in alternatives if alt not in out and candidate.bytes), None)
+            if report is not None:
+                if free is None:
+                    report.collisions_merged += 1
+                else:
+                    report.collisions += 1
+            if free is None:
+                out[key] = max(out[key], logprob)
+                continue
+            key = free
+        out[key] = logprob
+    return out

@@ -1,0 +1,61 @@
+"""Aligning lossy token strings against the final text."""
+
+import pytest
+
+from gateway.logprobs.align import AlignmentError, Piece, align
+
+EMOJI = "🦀".encode()  # f0 9f a6 80
+ROOT = "根".encode()  # e6 a0 b9
+
+
+def test_exact_and_clean_pieces_take_the_fast_path():
+    result = align([Piece("Hi"), Piece(exact=b" \xf0\x9f"), Piece(exact=b"\xa6\x80")], b"Hi " + EMOJI)
+    assert result.spans == [b"Hi", b" \xf0\x9f", b"\xa6\x80"]
+    assert not result.ambiguous
+
+
+def test_replacement_characters_recover_partial_bytes():
+    # vLLM decodes each id alone with errors="replace": " \xf0\x9f" -> " �", "\xa6" -> "�", "\x80" -> "�"
+    pieces = [Piece("Hi"), Piece(" \ufffd"), Piece("\ufffd"), Piece("\ufffd"), Piece(" ok")]
+    result = align(pieces, b"Hi " + EMOJI + b" ok")
+    assert result.spans == [b"Hi", b" \xf0\x9f", b"\xa6", b"\x80", b" ok"]
+    assert not result.ambiguous
+
+
+def test_one_token_holding_a_whole_lossy_run_is_exact():
+    result = align([Piece("a"), Piece("\ufffd"), Piece("b")], b"a\xe6\xa0b")
+    assert result.spans[1] == b"\xe6\xa0"
+
+
+def test_fragment_then_merged_character_recovers_the_run_total():
+    # TGI: the first token of a split character is "", the completing one carries the whole character.
+    pieces = [Piece("x"), Piece(""), Piece("根"), Piece("y")]
+    result = align(pieces, b"x" + ROOT + b"y")
+    assert b"".join(result.spans[1:3]) == ROOT
+    assert result.spans[0] == b"x" and result.spans[3] == b"y"
+    # Without a tokenizer the split inside the character cannot be known: said, not hidden.
+    assert result.ambiguous == {1, 2}
+
+
+def test_single_fragment_split_is_exact_when_only_one_split_fits():
+    # 2-byte character: one fragment byte, one completing byte; nothing else fits.
+    pieces = [Piece(""), Piece("é")]
+    result = align(pieces, "é".encode())
+    assert result.spans == [b"\xc3", b"\xa9"]
+    assert not result.ambiguous
+
+
+def test_trailing_control_token_may_carry_no_text():
+    pieces = [Piece("ok"), Piece("</s>", may_be_empty=True)]
+    assert align(pieces, b"ok").spans == [b"ok", b""]
+
+
+def test_tokens_that_do_not_describe_the_text_fail_loudly():
+    with pytest.raises(AlignmentError) as err:
+        align([Piece("Hello"), Piece(" there")], b"Hello world")
+    assert err.value.index == 1
+
+
+def test_too_few_tokens_for_the_text_fail():
+    with pytest.raises(AlignmentError):
+        align([Piece("\ufffd")], b"\xe6\xa0\xb9\xe6\x8d\xae")
