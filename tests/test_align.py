@@ -59,3 +59,11 @@ def test_tokens_that_do_not_describe_the_text_fail_loudly():
 def test_too_few_tokens_for_the_text_fail():
     with pytest.raises(AlignmentError):
         align([Piece("\ufffd")], b"\xe6\xa0\xb9\xe6\x8d\xae")
+
+
+def test_sentencepiece_first_token_may_lose_the_leading_space_the_decoder_strips():
+    pieces = [Piece(exact=b" To", may_drop_leading_space=True), Piece(exact=b" sell")]
+    assert align(pieces, b"To sell").spans == [b"To", b" sell"]
+    assert align(pieces, b" To sell").spans == [b" To", b" sell"]
+    with pytest.raises(AlignmentError):
+        align([Piece(exact=b" To"), Piece(exact=b" sell")], b"To sell")

@@ -42,6 +42,9 @@ class Piece:
     string: str = ""
     exact: bytes | None = None
     may_be_empty: bool = False
+    # First token of a SentencePiece text: its decoder drops the "▁" the normalizer prepended,
+    # so the text may lack the token's leading space.
+    may_drop_leading_space: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,10 @@ def _ends(piece: Piece, prev_is_fragment: bool, text: bytes, pos: int) -> Iterat
     """Every end position this piece could reach if it starts at `pos`."""
     if piece.may_be_empty:
         yield pos
+    face_value = piece.exact if piece.exact is not None else piece.string.encode()
+    if (piece.may_drop_leading_space and pos == 0 and face_value.startswith(b" ")
+            and text.startswith(face_value[1:], pos)):
+        yield len(face_value) - 1
     if piece.exact is not None:
         if text.startswith(piece.exact, pos):
             yield pos + len(piece.exact)
@@ -158,7 +165,13 @@ def _fast_path(pieces: Sequence[Piece], text: bytes) -> list[bytes] | None:
             return None
         else:
             spans.append(piece.string.encode())
-    return spans if b"".join(spans) == text else None
+    if b"".join(spans) == text:
+        return spans
+    if spans and pieces[0].may_drop_leading_space and spans[0].startswith(b" "):
+        spans[0] = spans[0][1:]
+        if b"".join(spans) == text:
+            return spans
+    return None
 
 
 def _vocab_allows(piece: Piece, span: bytes, vocab: Vocab | None) -> bool:

@@ -41,12 +41,16 @@ class ParseOptions:
       list, are a lossy decode and are not trusted).
     pieces: token strings are raw vocabulary pieces (`Ġhello`, `▁the`, `<0xE6>`), as older vLLM sent.
     escapes: token strings use OpenAI's literal `\\xNN` escapes and `bytes` may be missing.
+    leading_space_strippable: the text may lack the first token's leading space (SentencePiece
+      decoders strip the "▁" their normalizer prepended); the first token's bytes then lose it too,
+      so the bytes spell the text the server returned.
     """
 
     vocab: Vocab | None = None
     trust_bytes: bool | None = None
     pieces: bool = False
     escapes: bool = False
+    leading_space_strippable: bool = True
 
 
 @dataclass(slots=True)
@@ -167,7 +171,8 @@ def _finish(entries: list[_Entry], text: str | None, options: ParseOptions, repo
         reading = entries[i].reading
         trailing_empty = reading.exact is None and reading.string == "" and i > last_text
         pieces.append(Piece(reading.string, reading.exact,
-                            may_be_empty=trailing_empty or looks_like_special(reading.string)))
+                            may_be_empty=trailing_empty or looks_like_special(reading.string),
+                            may_drop_leading_space=i == visible[0] and options.leading_space_strippable))
     alignment = align(pieces, text.encode(), options.vocab)
     spans = dict(zip(visible, alignment.spans, strict=True))
     ambiguous = {visible[j] for j in alignment.ambiguous}
@@ -180,7 +185,7 @@ def _finish(entries: list[_Entry], text: str | None, options: ParseOptions, repo
         else:
             data = spans[index]
             origin = reading.origin
-            if not data and reading.exact is None and reading.string:
+            if not data and reading.string and looks_like_special(reading.string):
                 special = True  # a control token spelled as text that the text does not hold
             elif index in ambiguous:
                 origin = Origin.AMBIGUOUS
@@ -205,6 +210,8 @@ def parse_chat(
         if not isinstance(item, Mapping):
             raise LogprobParseError("each logprob entry must be an object")
         reading = _read(item.get("token"), item.get("bytes"), options, _int_or_none(item.get("id")))
+        if item.get("special") is True and not reading.special:
+            reading = _Reading(reading.string, reading.exact, reading.token_id, True, reading.origin)
         logprob = _logprob(item.get("logprob"), report)
         top = tuple(_candidates_from_list(item.get("top_logprobs"), options, report))
         entries.append(_Entry(reading, logprob, top, False))

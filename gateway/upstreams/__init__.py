@@ -1,0 +1,1 @@
+"""One module per upstream dialect: its request flags and its parser into canonical tokens."""
