@@ -1,0 +1,66 @@
+"""Public model name -> upstream route, with its tokenizer and chat template loaded once."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.config import Config, ConfigError, Upstream
+from gateway.logprobs.vocab import Vocab, VocabError, load_vocab
+
+
+@dataclass(frozen=True)
+class Route:
+    model: str  # the name clients send
+    upstream_name: str
+    upstream: Upstream
+    upstream_model: str
+    vocab: Vocab | None
+    chat_template: object | None  # gateway.translate.chat_template.ChatTemplate
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_urls", itertools.cycle(self.upstream.urls))
+
+    def next_url(self) -> str:
+        """Round robin over the upstream's replicas."""
+        return next(self._urls)  # type: ignore[attr-defined]
+
+
+def _load_template(config: Config, name: str, path: str | None, tokenizer_dir: Path | None) -> object | None:
+    from gateway.translate.chat_template import ChatTemplate, ChatTemplateError
+
+    try:
+        if path is not None:
+            resolved = config.resolve(path)
+            if resolved.name.endswith(".json"):
+                return ChatTemplate.from_tokenizer_config(resolved)
+            return ChatTemplate.from_file(resolved)
+        if tokenizer_dir is not None and (tokenizer_dir / "tokenizer_config.json").is_file():
+            return ChatTemplate.from_tokenizer_config(tokenizer_dir / "tokenizer_config.json")
+    except (ChatTemplateError, OSError) as exc:
+        raise ConfigError(f"models.{name}.chat_template: {exc}") from None
+    return None
+
+
+def build_routes(config: Config) -> dict[str, Route]:
+    """Load every model's tokenizer and template now, so a bad one fails at start."""
+    routes: dict[str, Route] = {}
+    for name, model in config.models.items():
+        vocab = None
+        tokenizer_dir = None
+        if model.tokenizer == {"builtin": "demo"}:
+            from gateway.logprobs.demo_vocab import build_demo_vocab
+
+            vocab = build_demo_vocab()
+        elif model.tokenizer is not None:
+            try:
+                vocab = load_vocab(model.tokenizer, config.base_dir)
+            except VocabError as exc:
+                raise ConfigError(f"models.{name}.tokenizer: {exc}") from None
+            if "directory" in model.tokenizer:
+                tokenizer_dir = config.resolve(model.tokenizer["directory"])
+        upstream = config.upstreams[model.upstream]
+        template = _load_template(config, name, model.chat_template, tokenizer_dir)
+        routes[name] = Route(name, model.upstream, upstream, model.upstream_model or name, vocab, template)
+    return routes

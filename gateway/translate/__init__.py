@@ -1,0 +1,1 @@
+"""Pure request/response translation between the Responses API and upstream APIs (no I/O)."""

@@ -1,0 +1,119 @@
+"""Responses API objects as plain dicts (the hot path renders dicts; schemas/ documents them).
+
+Every Response carries every field both contracts want: OpenAI's SDK types and the Open Responses
+spec's `ResponseResource` (which requires completed_at, truncation, penalties, store, ... and
+numbers, never null, for temperature, top_p and top_logprobs).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def new_id(prefix: str) -> str:
+    """`resp_`, `msg_`, ... followed by 48 hex digits, as OpenAI's ids are shaped."""
+    return f"{prefix}_{secrets.token_hex(24)}"
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseSettings:
+    """What a Response echoes of its request."""
+
+    model: str
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_logprobs: int = 0
+    metadata: dict[str, str] = field(default_factory=dict)
+    user: str | None = None
+    store: bool = False
+    previous_response_id: str | None = None
+    text_format: dict[str, Any] = field(default_factory=lambda: {"type": "text"})
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: Any = "auto"
+    parallel_tool_calls: bool = True
+    service_tier: str = "default"
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    include_logprobs: bool = False
+
+
+def output_text_part(text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "output_text", "annotations": [], "logprobs": logprobs, "text": text}
+
+
+def message_item(item_id: str, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def usage_object(input_tokens: int, output_tokens: int, cached_tokens: int = 0,
+                 reasoning_tokens: int = 0) -> dict[str, Any]:
+    return {
+        "input_tokens": input_tokens,
+        "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "total_tokens": input_tokens + output_tokens,
+    }
+
+
+def response_object(
+    settings: ResponseSettings,
+    response_id: str,
+    created_at: int,
+    status: str,
+    output: list[dict[str, Any]],
+    *,
+    usage: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+    incomplete_reason: str | None = None,
+    completed_at: int | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "completed_at": completed_at if status == "completed" else None,
+        "status": status,
+        "background": False,
+        "error": error,
+        "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
+        "instructions": settings.instructions,
+        "max_output_tokens": settings.max_output_tokens,
+        "max_tool_calls": None,
+        "model": settings.model,
+        "output": output,
+        "parallel_tool_calls": settings.parallel_tool_calls,
+        "previous_response_id": settings.previous_response_id,
+        "prompt_cache_key": settings.prompt_cache_key,
+        "reasoning": None,
+        "safety_identifier": settings.safety_identifier,
+        "service_tier": settings.service_tier,
+        "store": settings.store,
+        "temperature": settings.temperature,
+        "text": {"format": settings.text_format, "verbosity": "medium"},
+        "tool_choice": settings.tool_choice,
+        "tools": settings.tools,
+        "top_logprobs": settings.top_logprobs,
+        "top_p": settings.top_p,
+        "presence_penalty": settings.presence_penalty,
+        "frequency_penalty": settings.frequency_penalty,
+        "truncation": "disabled",
+        "usage": usage,
+        "user": settings.user,
+        "metadata": settings.metadata,
+    }
+
+
+def status_for_finish(finish_reason: str | None) -> tuple[str, str | None]:
+    """Upstream finish_reason -> (Response status, incomplete_details.reason)."""
+    if finish_reason == "length":
+        return "incomplete", "max_output_tokens"
+    if finish_reason == "content_filter":
+        return "incomplete", "content_filter"
+    return "completed", None

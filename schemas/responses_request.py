@@ -1,0 +1,191 @@
+"""The body of ``POST /v1/responses`` (OpenAI's ``CreateResponse``), validated at the edge.
+
+Types are strict where OpenAI rejects: ``"top_logprobs": "3"`` or ``"stream": "true"`` fail,
+while an integer is a fine number (``"temperature": 1``). Nested objects reject unknown keys
+(OpenAI answers ``Unknown parameter: 'input[0].foo'``), but unknown top-level fields are kept:
+vendor options such as ``top_k``, ``ignore_eos`` or ``repetition_penalty`` are forwarded to the
+upstream server. ``extra_fields`` returns them.
+
+Deliberate departures from OpenAI:
+
+- ``max_output_tokens`` only needs to be >= 1. OpenAI (and the Open Responses spec) reject values
+  below 16, but people scoring with vLLM ask for 4 tokens.
+- Only what a Chat/Completions upstream can serve is accepted: message, ``function_call`` and
+  ``function_call_output`` input items; text and image parts; function tools. Other item, part
+  and tool types fail with ``invalid_value`` naming the supported ones.
+- ``reasoning.effort`` and ``service_tier`` accept the SDK's values, which are more than the
+  spec lets a response echo (see ``schemas.responses``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from ._base import ContractModel, tagged_union
+from .responses import (
+    FunctionTool,
+    ItemStatus,
+    OutputRefusal,
+    OutputText,
+    ReasoningSummary,
+    TextConfig,
+    ToolChoice,
+)
+
+CallId = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+# --- content parts --------------------------------------------------------------------------
+
+
+class InputText(ContractModel):
+    type: Literal["input_text"] = "input_text"
+    text: str
+
+
+class InputImage(ContractModel):
+    """An image by URL (``https:`` or a base64 ``data:`` URL). Uploaded files are not supported."""
+
+    type: Literal["input_image"] = "input_image"
+    image_url: str
+    detail: Literal["low", "high", "auto", "original"] = "auto"
+
+
+UserContentPart = tagged_union("type", {"input_text": InputText, "input_image": InputImage})
+# Prior assistant output sent back as history: the very parts we emitted.
+AssistantContentPart = tagged_union("type", {"output_text": OutputText, "refusal": OutputRefusal})
+
+
+# --- input items ----------------------------------------------------------------------------
+
+
+class _Message(ContractModel):
+    # `type` may be omitted: a bare {role, content} is a message (OpenAI's EasyInputMessage).
+    type: Literal["message"] = "message"
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class UserMessage(_Message):
+    role: Literal["user"] = "user"
+    content: str | list[UserContentPart]
+
+
+class SystemMessage(_Message):
+    role: Literal["system"] = "system"
+    content: str | list[InputText]
+
+
+class DeveloperMessage(_Message):
+    role: Literal["developer"] = "developer"
+    content: str | list[InputText]
+
+
+class AssistantMessage(_Message):
+    """An earlier assistant turn, as text or as the ``output_text``/``refusal`` parts we returned."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str | list[AssistantContentPart]
+    phase: Literal["commentary", "final_answer"] | None = None
+
+
+class FunctionCallInput(ContractModel):
+    """A tool call the model made earlier; becomes an assistant ``tool_calls`` entry upstream."""
+
+    type: Literal["function_call"] = "function_call"
+    call_id: CallId
+    name: str
+    arguments: str
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class FunctionCallOutputInput(ContractModel):
+    """The result of a tool call; becomes a ``role: "tool"`` message upstream."""
+
+    type: Literal["function_call_output"] = "function_call_output"
+    call_id: CallId
+    output: str | list[UserContentPart]
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+MessageInput = tagged_union(
+    "role",
+    {"user": UserMessage, "system": SystemMessage, "developer": DeveloperMessage, "assistant": AssistantMessage},
+)
+InputItem = tagged_union(
+    "type",
+    {"message": MessageInput, "function_call": FunctionCallInput, "function_call_output": FunctionCallOutputInput},
+    default="message",
+)
+
+
+# --- options --------------------------------------------------------------------------------
+
+
+class ReasoningParam(ContractModel):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    summary: ReasoningSummary | None = None
+    generate_summary: ReasoningSummary | None = None
+    """Deprecated spelling of ``summary``."""
+
+
+class ResponseStreamOptions(ContractModel):
+    include_obfuscation: bool | None = None
+
+
+Metadata = Annotated[
+    dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+    Field(max_length=16),
+]
+
+
+class CreateResponseRequest(ContractModel):
+    """The ``CreateResponse`` body. ``None`` means "not given": the echo then shows the default."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    input: str | list[InputItem] | None = None
+    """A string is one user message."""
+    instructions: str | None = None
+    """A system (or developer) message put before ``input``; not inherited via ``previous_response_id``."""
+    previous_response_id: str | None = None
+
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tool_calls: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+
+    include: list[str] | None = None
+    """Extra output to include; ``"message.output_text.logprobs"`` is the logprobs switch."""
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    """Candidates per position, when ``include`` asks for logprobs."""
+
+    tools: list[FunctionTool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    reasoning: ReasoningParam | None = None
+
+    stream: bool | None = None
+    stream_options: ResponseStreamOptions | None = None
+    store: bool | None = None
+    background: bool | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"] | None = None
+    metadata: Metadata | None = None
+    """At most 16 pairs; keys up to 64 characters, values up to 512."""
+    user: str | None = None
+    safety_identifier: Annotated[str, Field(max_length=64)] | None = None
+    prompt_cache_key: Annotated[str, Field(max_length=64)] | None = None
+
+
+def extra_fields(req: CreateResponseRequest) -> dict[str, Any]:
+    """The top-level fields ``CreateResponse`` does not define, to forward upstream as they are."""
+    return dict(req.model_extra or {})
