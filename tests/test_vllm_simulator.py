@@ -517,6 +517,18 @@ async def test_die_mid_stream_sends_some_frames_then_breaks_the_body(client: Any
     assert (await wait_for_stat(client, "requests_faulted", 1))["in_flight"] == 0
 
 
+async def test_error_mid_stream_ends_with_an_error_frame_then_done(client: Any) -> None:
+    resp = await client.post(
+        "/v1/completions",
+        json={"prompt": "x", "stream": True},
+        headers={"x-sim-fault": "error_mid_stream", "x-sim-die-after": "2"},
+    )
+    events = await read_sse(resp)
+    assert len(events) == 4 and events[-1] == "[DONE]"
+    assert events[2]["error"]["type"] == "InternalServerError" and events[2]["error"]["code"] == 500
+    assert (await stats(client))["requests_faulted"] == 1
+
+
 async def test_hang_is_cancelled_when_the_client_gives_up(client: Any) -> None:
     with pytest.raises(asyncio.TimeoutError):
         await client.post(

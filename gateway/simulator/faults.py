@@ -9,6 +9,8 @@ the same name (`x-sim-fault` or `x_sim_fault`):
     hang_before_first_token  streaming: send the response headers, then nothing; else as hang
     die_mid_stream           streaming: send `x-sim-die-after` data frames (default 3), then drop
                              the connection mid-body; non-streaming: drop before answering
+    error_mid_stream         streaming: send `x-sim-die-after` frames, then vLLM's in-band error
+                             frame `data: {"error": {...}}` and `data: [DONE]`; else as http500
     slow                     wait `x-sim-delay-ms` (default 200) before every engine step
 
 `x-sim-delay-ms` alone sets the per-step delay without any fault; `x-sim-tokens-per-step`
@@ -28,7 +30,7 @@ from gateway.simulator.script import TokensPerStep
 SLOW_DEFAULT_DELAY_MS = 200.0
 DIE_AFTER_DEFAULT = 3
 _HTTP_FAULT = re.compile(r"^http(\d{3})$")
-_FAULTS = {"refuse", "hang", "hang_before_first_token", "die_mid_stream", "slow"}
+_FAULTS = {"refuse", "hang", "hang_before_first_token", "die_mid_stream", "error_mid_stream", "slow"}
 
 
 class HookError(ValueError):

@@ -38,7 +38,7 @@ from gateway.simulator.detok import IncrementalDetokenizer, TokenStrings
 from gateway.simulator.faults import FaultPlan, HookError, SimStats, read_fault_plan
 from gateway.simulator.prompt import END_OF_TEXT, IM_END, IM_START, ChatMLRenderer, find_special_id
 from gateway.simulator.script import DEFAULT_REPLY, Output, TokensPerStep, plan_output, split_steps
-from gateway.simulator.synthetic import SyntheticLogprobs
+from gateway.simulator.synthetic import Position, SyntheticLogprobs
 from gateway.simulator.vllm_params import GenRequest, RequestError, ServerLimits, parse_chat, parse_completions
 from gateway.simulator.vllm_wire import JSON
 
@@ -48,6 +48,10 @@ _POLL_S = 0.02  # how often a waiting handler checks that its client is still co
 
 class _Dropped(Exception):
     """The simulator dropped the connection on purpose (fault injection)."""
+
+
+class _Aborted(Exception):
+    """The simulator ended a stream with vLLM's in-band error frame (fault injection)."""
 
 
 @dataclass(slots=True)
@@ -152,12 +156,11 @@ class VLLMSimulator:
             for i in range(start, end)
         ]
 
-    def _prompt_positions(self, job: _Job) -> list[Any]:
+    def _prompt_positions(self, job: _Job) -> list[Position | None]:
         ids = job.gen.prompt_ids
         # The first prompt token has no context, hence no distribution (vLLM: None).
-        return [None] + [
-            self.synthetic.position(f"prompt:{job.key}", j, ids[j], ids[j + 1 : j + 3]) for j in range(1, len(ids))
-        ]
+        key = f"prompt:{job.key}"
+        return [None, *(self.synthetic.position(key, j, ids[j], ids[j + 1 : j + 3]) for j in range(1, len(ids)))]
 
     def _prompt_dicts(self, job: _Job, num: int) -> list[dict[int, float] | None]:
         return [None if p is None else p.vllm_dict(num) for p in self._prompt_positions(job)]
@@ -184,34 +187,32 @@ class VLLMSimulator:
         env = wire.Envelope(wire.new_request_id(prefix), int(time.time()), self.model)
         return _Job(gen, plan, env, digest, output, steps)
 
+    async def _parse(self, request: web.Request, endpoint: str) -> tuple[FaultPlan, GenRequest]:
+        try:
+            body = orjson.loads(await request.read() or b"null")
+        except orjson.JSONDecodeError as exc:
+            raise RequestError(f"JSON decode error: {exc}") from None
+        self.stats.record(request.path, request.headers, body)
+        if not isinstance(body, dict):
+            raise RequestError("request body must be a JSON object")
+        try:
+            plan = read_fault_plan(request.headers, body, self.settings.step_delay_ms)
+        except HookError as exc:
+            raise RequestError(str(exc), param=exc.hook) from None
+        if endpoint == "chat":
+            return plan, parse_chat(body, self.limits, self.renderer)
+        return plan, parse_completions(body, self.limits, self._encode, self._decode)
+
     async def _serve(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         self.stats.start()
         outcome = "cancelled"  # unless something below says otherwise
         response: web.StreamResponse | None = None
         try:
             try:
-                raw = await request.read()
-                body = json.loads(raw) if raw else None
-            except (ValueError, UnicodeDecodeError) as exc:
-                outcome = "rejected"
-                return self._error(RequestError(f"JSON decode error: {exc}"))
-            self.stats.record(request.path, request.headers, body)
-            if not isinstance(body, dict):
-                outcome = "rejected"
-                return self._error(RequestError("request body must be a JSON object"))
-            try:
-                plan = read_fault_plan(request.headers, body, self.settings.step_delay_ms)
-                if endpoint == "chat":
-                    gen = parse_chat(body, self.limits, self.renderer)
-                else:
-                    gen = parse_completions(body, self.limits, self._encode, self._decode)
-            except HookError as exc:
-                outcome = "rejected"
-                return self._error(RequestError(str(exc), param=exc.hook))
+                plan, gen = await self._parse(request, endpoint)
             except RequestError as exc:
                 outcome = "rejected"
                 return self._error(exc)
-
             early = await self._early_fault(request, plan, gen.stream)
             if early is not None:
                 outcome = "faulted"
@@ -224,13 +225,16 @@ class VLLMSimulator:
                 await response.prepare(request)
                 if plan.fault == "hang_before_first_token":
                     await self._pause(request, None)
-                writer = _SSEWriter(response, plan.die_after if plan.fault == "die_mid_stream" else None)
+                writer = _SSEWriter(response, plan)
                 await self._stream(request, job, writer)
             outcome = "finished"
             return response
         except _Dropped:
             outcome = "faulted"
             self._drop(request)
+            return response if response is not None else web.Response()
+        except _Aborted:
+            outcome = "faulted"
             return response if response is not None else web.Response()
         except ConnectionResetError:
             # The client is gone; returning lets aiohttp finish quietly on the dead transport.
@@ -246,11 +250,14 @@ class VLLMSimulator:
         fault = plan.fault
         if fault == "refuse" or (fault == "die_mid_stream" and not stream):
             raise _Dropped
-        if fault is not None and fault.startswith("http"):
-            status = plan.http_status
-            kind = HTTPStatus(status).phrase.replace(" ", "")  # 503 -> ServiceUnavailableError
+        if fault is not None and (fault.startswith("http") or (fault == "error_mid_stream" and not stream)):
+            status = plan.http_status  # 500 unless httpNNN said otherwise
+            try:
+                kind = HTTPStatus(status).phrase.replace(" ", "")  # 503 -> ServiceUnavailableError
+            except ValueError:  # a status without a name
+                kind = "InternalServer" if status >= 500 else "BadRequest"
             kind = kind if kind.endswith("Error") else kind + "Error"
-            message = f"simulated failure (x-sim-fault: http{status})"
+            message = f"simulated failure (x-sim-fault: {fault})"
             return self._json(wire.error_body(message, kind, status), status)
         if fault == "hang" or (fault == "hang_before_first_token" and not stream):
             await self._pause(request, None)
@@ -399,18 +406,26 @@ class VLLMSimulator:
 
 
 class _SSEWriter:
-    """Writes `data: {json}` frames; with `die_after`, drops the connection after that many."""
+    """Writes `data: {json}` frames, and stops early when a mid-stream fault says so."""
 
-    def __init__(self, response: web.StreamResponse, die_after: int | None) -> None:
+    def __init__(self, response: web.StreamResponse, plan: FaultPlan) -> None:
         self._response = response
-        self._die_after = die_after
+        self._fault = plan.fault if plan.fault in ("die_mid_stream", "error_mid_stream") else None
+        self._stop_after = plan.die_after
         self._sent = 0
 
     async def send(self, chunk: Mapping[str, Any]) -> None:
         await self._response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
         self._sent += 1
-        if self._die_after is not None and self._sent >= self._die_after:
+        if self._fault is None or self._sent < self._stop_after:
+            return
+        if self._fault == "die_mid_stream":
             raise _Dropped
+        # What vLLM's stream generators do when the engine fails: an error frame, then [DONE].
+        error = wire.error_body("simulated engine failure (x-sim-fault: error_mid_stream)", "InternalServerError", 500)
+        await self._response.write(b"data: " + orjson.dumps(error) + b"\n\n")
+        await self.done()
+        raise _Aborted
 
     async def done(self) -> None:
         await self._response.write(b"data: [DONE]\n\n")

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from gateway.simulator.prompt import ChatMLRenderer, last_user_text, message_text
 
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # CompletionRequest.max_tokens default (null means this too)
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # CompletionRequest.max_tokens default when the field is absent
 
 
 class RequestError(Exception):
@@ -227,7 +227,9 @@ def parse_completions(
     _check_n(body)
 
     requested = _int_or_none(body, "max_tokens")
-    if requested is None:
+    if "max_tokens" not in body:
+        # The field's default is 16; an explicit null means "up to the context length", as in
+        # vLLM's get_max_tokens (it takes the smallest of the non-None limits).
         requested = COMPLETIONS_DEFAULT_MAX_TOKENS
     echo_only = echo and requested == 0
     # vLLM runs an echo-only request as a 1-token generation and shows only the prompt.

@@ -139,10 +139,7 @@ class ResponsesStream:
     def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
         """Close the message and end with `response.completed` or `response.incomplete`."""
         events = self._open_message()
-        if self._pending:
-            events.append(self._delta("", self._pending))
-            self._pending = []
-            self._pending_bytes = bytearray()
+        events += self._flush_dangling()
         status, _ = status_for_finish(finish_reason)
         item_status = "incomplete" if status == "incomplete" else "completed"
         part = output_text_part(self.text, self._logprobs)
@@ -159,7 +156,18 @@ class ResponsesStream:
         self.finished = True
         return events
 
+    def _flush_dangling(self) -> list[dict[str, Any]]:
+        """Tokens stuck inside an unfinished character: keep their logprobs, add no text."""
+        if not self._pending:
+            return []
+        event = self._delta("", self._pending)
+        self._pending = []
+        self._pending_bytes = bytearray()
+        return [event]
+
     def final_response(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
+        """The complete Response (also what a non-streamed request returns)."""
+        self._flush_dangling()
         status, reason = status_for_finish(finish_reason)
         item_status = "incomplete" if status == "incomplete" else "completed"
         item = message_item(self.message_id, item_status, [output_text_part(self.text, self._logprobs)])

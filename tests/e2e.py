@@ -1,0 +1,67 @@
+"""Shared helpers for end-to-end tests: a simulator upstream and the gateway on loopback."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp.test_utils import TestServer
+from openai import AsyncOpenAI
+
+from gateway.app import create_app
+from gateway.config import parse_config
+from gateway.simulator.vllm import SIMULATOR_KEY
+from gateway.simulator.vllm import create_app as create_simulator
+
+LOGPROBS = ["message.output_text.logprobs"]
+
+
+@dataclass
+class Stack:
+    simulator: TestServer
+    gateway: TestServer
+    client: AsyncOpenAI
+    model: str
+
+    @property
+    def stats(self) -> Any:
+        return self.simulator.app[SIMULATOR_KEY].stats  # type: ignore[index]
+
+    def url(self, path: str) -> str:
+        return str(self.gateway.make_url(path))
+
+
+async def start_stack(aiohttp_server, vocab, *, api: str = "chat", model: str = "demo-model",
+                      timeouts: dict[str, float] | None = None, tokenizer: dict[str, str] | None = None,
+                      upstream_url: str | None = None, **simulator_options: Any) -> Stack:
+    simulator = await aiohttp_server(create_simulator(vocab, model, **simulator_options))
+    upstream: dict[str, Any] = {"urls": [upstream_url or str(simulator.make_url("")).rstrip("/")], "api": api}
+    if timeouts:
+        upstream["timeouts"] = timeouts
+    config = parse_config({"upstreams": {"sim": upstream},
+                           "models": {model: {"upstream": "sim", "tokenizer": tokenizer or {"builtin": "demo"}}}},
+                          base_dir=Path("."))
+    gateway = await aiohttp_server(create_app(config))
+    client = AsyncOpenAI(base_url=str(gateway.make_url("/v1")), api_key="test-key",
+                         _strict_response_validation=True, max_retries=0)
+    return Stack(simulator, gateway, client, model)
+
+
+def assert_exact_logprobs(part: Any, k: int, *, expect_entries: bool = True) -> None:
+    """The invariants every output_text with logprobs must hold."""
+    entries = part.logprobs
+    if not expect_entries:
+        assert entries == []
+        return
+    assert b"".join(bytes(e.bytes) for e in entries) == part.text.encode()
+    for entry in entries:
+        assert entry.token == bytes(entry.bytes).decode("utf-8", errors="backslashreplace")
+        assert len(entry.top_logprobs) <= k
+        values = [t.logprob for t in entry.top_logprobs]
+        assert values == sorted(values, reverse=True)
+        assert all(math.isfinite(v) for v in [entry.logprob, *values])
+        assert len({bytes(t.bytes) for t in entry.top_logprobs}) == len(entry.top_logprobs)
+    if k:
+        assert any(len(e.top_logprobs) == k for e in entries)
