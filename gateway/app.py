@@ -108,13 +108,15 @@ def _upstream_request(route: Route, body: dict[str, Any], stream: bool) -> tuple
     base = route.next_url()
     try:
         if route.upstream.api == "chat":
-            upstream_body = chat_body(body, route.upstream_model, cap=cap, stream=stream)
+            upstream_body = chat_body(body, route.upstream_model, cap=cap, stream=stream,
+                                      token_ids=route.vocab is not None)
             return f"{base}/v1/chat/completions", upstream_body, chat_step
         messages = responses_to_messages(body)
         plain = body["input"] if isinstance(body.get("input"), str) and not body.get("instructions") else None
         prompt = render_prompt(messages, route.chat_template, plain)  # type: ignore[arg-type]
         return (f"{base}/v1/completions",
-                completions_body(body, route.upstream_model, prompt, cap=cap, stream=stream), completions_step)
+                completions_body(body, route.upstream_model, prompt, cap=cap, stream=stream,
+                                 token_ids=route.vocab is not None), completions_step)
     except RequestTranslationError as exc:
         raise bad_request(str(exc), exc.param) from None
     except ChatTemplateError as exc:

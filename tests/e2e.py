@@ -41,12 +41,19 @@ async def start_stack(aiohttp_server, vocab, *, api: str = "chat", model: str = 
     if timeouts:
         upstream["timeouts"] = timeouts
     config = parse_config({"upstreams": {"sim": upstream},
-                           "models": {model: {"upstream": "sim", "tokenizer": tokenizer or {"builtin": "demo"}}}},
+                           "models": {model: {"upstream": "sim", **_tokenizer(tokenizer)}}},
                           base_dir=Path("."))
     gateway = await aiohttp_server(create_app(config))
     client = AsyncOpenAI(base_url=str(gateway.make_url("/v1")), api_key="test-key",
                          _strict_response_validation=True, max_retries=0)
     return Stack(simulator, gateway, client, model)
+
+
+def _tokenizer(spec: dict[str, str] | None) -> dict[str, Any]:
+    """None: the demo tokenizer; {}: no tokenizer at all."""
+    if spec is None:
+        return {"tokenizer": {"builtin": "demo"}}
+    return {"tokenizer": spec} if spec else {}
 
 
 def assert_exact_logprobs(part: Any, k: int, *, expect_entries: bool = True) -> None:

@@ -185,8 +185,9 @@ def _finish(entries: list[_Entry], text: str | None, options: ParseOptions, repo
         else:
             data = spans[index]
             origin = reading.origin
-            if not data and reading.string and looks_like_special(reading.string):
-                special = True  # a control token spelled as text that the text does not hold
+            if not data and reading.exact is None and (looks_like_special(reading.string) or index > last_text):
+                # A control token (spelled as text, or "" after all text as vLLM decodes EOS): no text.
+                special = True
             elif index in ambiguous:
                 origin = Origin.AMBIGUOUS
             elif (reading.exact is None and data != reading.string.encode()) or reading.origin is Origin.AMBIGUOUS:

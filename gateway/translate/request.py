@@ -83,8 +83,9 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def chat_body(body: dict[str, Any], upstream_model: str, *, cap: int, stream: bool) -> dict[str, Any]:
-    """The vLLM chat request: logprobs always on (token ids make every byte exact)."""
+def chat_body(body: dict[str, Any], upstream_model: str, *, cap: int, stream: bool,
+              token_ids: bool = True) -> dict[str, Any]:
+    """The vLLM chat request: logprobs always on; with a tokenizer, token ids make every byte exact."""
     k = body.get("top_logprobs") or 0
     request: dict[str, Any] = {
         **vendor_extensions(body),
@@ -92,7 +93,7 @@ def chat_body(body: dict[str, Any], upstream_model: str, *, cap: int, stream: bo
         "messages": responses_to_messages(body),
         "logprobs": True,
         "top_logprobs": upstream_top_logprobs(k, cap),
-        "return_tokens_as_token_ids": True,
+        "return_tokens_as_token_ids": token_ids,
         "stream": stream,
         **_sampling(body),
     }
@@ -104,7 +105,7 @@ def chat_body(body: dict[str, Any], upstream_model: str, *, cap: int, stream: bo
 
 
 def completions_body(body: dict[str, Any], upstream_model: str, prompt: str, *, cap: int,
-                     stream: bool) -> dict[str, Any]:
+                     stream: bool, token_ids: bool = True) -> dict[str, Any]:
     """The vLLM completions request for a prompt rendered from the chat template."""
     k = body.get("top_logprobs") or 0
     request: dict[str, Any] = {
@@ -113,7 +114,7 @@ def completions_body(body: dict[str, Any], upstream_model: str, prompt: str, *, 
         "prompt": prompt,
         # The completions dict holds the sampled token *plus* the top k, so k is enough here.
         "logprobs": min(k, cap),
-        "return_tokens_as_token_ids": True,
+        "return_tokens_as_token_ids": token_ids,
         "stream": stream,
         **_sampling(body),
     }

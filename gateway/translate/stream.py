@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gateway.logprobs.render import render_responses_entry
-from gateway.logprobs.tokens import Token
+from gateway.logprobs.tokens import Origin, Token
 from gateway.translate.response_object import (
     ResponseSettings,
     message_item,
@@ -45,6 +45,8 @@ class ResponsesStream:
         self._message_open = False
         self._upstream_text = ""
         self._first_token_seen = False
+        self._text_led = False
+        self._pending_text_led: list[Token] = []
         self.finished = False
 
     # --- events -------------------------------------------------------------------------------
@@ -94,10 +96,16 @@ class ResponsesStream:
         self._upstream_text += upstream_text
         events: list[dict[str, Any]] = []
         tokens = list(tokens)
-        if not tokens and upstream_text and not self._pending:
-            # An upstream that sent text without logprobs: pass the text on, nothing to attach.
-            events.extend(self._open_message())
-            events.append(self._delta(upstream_text, []))
+        lossy = any(token.origin is Origin.AMBIGUOUS for token in tokens)
+        if not self._pending and (lossy or self._text_led or (not tokens and upstream_text)):
+            # No logprobs, or lossy strings and no tokenizer to fix them mid-stream: the upstream's
+            # text leads; tokens ride with the text they arrived with (bytes flagged when lossy).
+            self._text_led = self._text_led or lossy
+            self._pending_text_led += [t for t in tokens if not t.special]
+            if upstream_text:
+                events.extend(self._open_message())
+                events.append(self._delta(upstream_text, self._pending_text_led))
+                self._pending_text_led = []
             return events
         for token in tokens:
             if token.special:
@@ -139,6 +147,9 @@ class ResponsesStream:
     def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
         """Close the message and end with `response.completed` or `response.incomplete`."""
         events = self._open_message()
+        if finish_reason != "length":
+            # Text-led stream: an empty string after the last text is the end-of-sequence token.
+            self._pending_text_led = [t for t in self._pending_text_led if t.bytes]
         events += self._flush_dangling()
         status, _ = status_for_finish(finish_reason)
         item_status = "incomplete" if status == "incomplete" else "completed"
@@ -158,6 +169,8 @@ class ResponsesStream:
 
     def _flush_dangling(self) -> list[dict[str, Any]]:
         """Tokens stuck inside an unfinished character: keep their logprobs, add no text."""
+        self._pending += self._pending_text_led
+        self._pending_text_led = []
         if not self._pending:
             return []
         event = self._delta("", self._pending)
