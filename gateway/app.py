@@ -1,4 +1,8 @@
-"""The aiohttp application: routes, the error middleware, and the upstream I/O around the pure core."""
+"""The aiohttp application: routes, the error middleware, and the upstream I/O around the pure core.
+
+Every front door (responses, chat, completions) runs the same loop: validate into a Generation,
+build the route's upstream call, then feed upstream steps to the front door's translator.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
-from pydantic import ValidationError
 
 from gateway.config import Config
 from gateway.errors import GatewayError, bad_request, upstream_error, upstream_timeout
@@ -19,19 +23,13 @@ from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.parse import ParseOptions
 from gateway.routing import Route, build_routes
 from gateway.sse import data_payloads, encode_event
-from gateway.translate.chat_template import ChatTemplateError, render_prompt
-from gateway.translate.request import (
-    RequestTranslationError,
-    chat_body,
-    completions_body,
-    responses_to_messages,
-    wants_logprobs,
-)
-from gateway.translate.response_object import ResponseSettings, usage_object
-from gateway.translate.stream import ResponsesStream
-from gateway.upstreams.vllm import Step, UpstreamFormatError, chat_step, completions_step, error_message
-from schemas.errors import validation_error_to_openai
-from schemas.responses_request import CreateResponseRequest
+from gateway.translate.front_doors import generation_from_chat, generation_from_completions, generation_from_responses
+from gateway.translate.fronts import ChatFront, CompletionsFront, FrontTranslator, ResponsesFront
+from gateway.translate.generation import Generation
+from gateway.translate.response_object import ResponseSettings
+from gateway.upstreams.base import UpstreamCall, UpstreamFormatError
+from gateway.upstreams.dispatch import build_call
+from gateway.upstreams.vllm import error_message
 
 log = logging.getLogger("responses_gateway")
 
@@ -70,17 +68,6 @@ async def _read_json(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _validate(body: dict[str, Any]) -> None:
-    try:
-        CreateResponseRequest.model_validate(body)
-    except ValidationError as exc:
-        error = validation_error_to_openai(exc).error
-        raise bad_request(error.message, error.param, error.code) from None
-    given = body.get("input")
-    if given is None or given == "" or given == []:
-        raise bad_request("Input must not be empty.", "input", "empty_input")
-
-
 def _route(request: web.Request, model: str) -> Route:
     route = request.app[ROUTES_KEY].get(model)
     if route is None:
@@ -89,58 +76,83 @@ def _route(request: web.Request, model: str) -> Route:
     return route
 
 
-def _settings(body: dict[str, Any]) -> ResponseSettings:
+@dataclass(frozen=True, slots=True)
+class _Framing:
+    """How a front door writes its stream: Responses events, or `data:` chunks ending in [DONE]."""
+
+    named_events: bool
+
+    def encode(self, items: list[dict[str, Any]]) -> bytes:
+        if self.named_events:
+            return b"".join(encode_event(item) for item in items)
+        return b"".join(b"data: " + orjson.dumps(item) + b"\n\n" for item in items)
+
+    def end(self) -> bytes:
+        return b"" if self.named_events else b"data: [DONE]\n\n"
+
+
+RESPONSES_FRAMING = _Framing(named_events=True)
+OPENAI_CHUNK_FRAMING = _Framing(named_events=False)
+
+
+def _responses_settings(body: dict[str, Any], gen: Generation) -> ResponseSettings:
     return ResponseSettings(
         model=body["model"],
         instructions=body.get("instructions"),
         max_output_tokens=body.get("max_output_tokens"),
         temperature=body.get("temperature") if body.get("temperature") is not None else 1.0,
         top_p=body.get("top_p") if body.get("top_p") is not None else 1.0,
-        top_logprobs=body.get("top_logprobs") or 0,
+        top_logprobs=gen.top_k_logprobs,
         metadata=body.get("metadata") or {},
         user=body.get("user"),
-        include_logprobs=wants_logprobs(body),
+        include_logprobs=gen.logprobs,
     )
 
 
-def _upstream_request(route: Route, body: dict[str, Any], stream: bool) -> tuple[str, dict[str, Any], Callable]:
-    cap = route.upstream.max_top_logprobs
-    base = route.next_url()
-    try:
-        if route.upstream.api == "chat":
-            upstream_body = chat_body(body, route.upstream_model, cap=cap, stream=stream,
-                                      token_ids=route.vocab is not None)
-            return f"{base}/v1/chat/completions", upstream_body, chat_step
-        messages = responses_to_messages(body)
-        plain = body["input"] if isinstance(body.get("input"), str) and not body.get("instructions") else None
-        prompt = render_prompt(messages, route.chat_template, plain)  # type: ignore[arg-type]
-        return (f"{base}/v1/completions",
-                completions_body(body, route.upstream_model, prompt, cap=cap, stream=stream,
-                                 token_ids=route.vocab is not None), completions_step)
-    except RequestTranslationError as exc:
-        raise bad_request(str(exc), exc.param) from None
-    except ChatTemplateError as exc:
-        raise bad_request(str(exc), "input") from None
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options") or {}
+    return bool(options.get("include_usage"))
 
 
-def _usage(step_usage: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not step_usage:
-        return None
-    cached = (step_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    reasoning = (step_usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
-    return usage_object(step_usage.get("prompt_tokens") or 0, step_usage.get("completion_tokens") or 0,
-                        cached, reasoning)
+async def create_response(request: web.Request) -> web.StreamResponse:
+    body = await _read_json(request)
+    gen = generation_from_responses(body)
+    return await _serve(request, gen, ResponsesFront(_responses_settings(body, gen)), RESPONSES_FRAMING,
+                        "top_logprobs")
 
 
-async def _open_upstream(request: web.Request, route: Route, url: str, payload: dict[str, Any]
-                         ) -> aiohttp.ClientResponse:
+async def create_chat_completion(request: web.Request) -> web.StreamResponse:
+    body = await _read_json(request)
+    gen = generation_from_chat(body)
+    return await _serve(request, gen, ChatFront(gen, _include_usage(body)), OPENAI_CHUNK_FRAMING, "top_logprobs")
+
+
+async def create_completion(request: web.Request) -> web.StreamResponse:
+    body = await _read_json(request)
+    gen = generation_from_completions(body)
+    return await _serve(request, gen, CompletionsFront(gen, _include_usage(body)), OPENAI_CHUNK_FRAMING, "logprobs")
+
+
+async def _serve(request: web.Request, gen: Generation, front: FrontTranslator, framing: _Framing,
+                 k_param: str) -> web.StreamResponse:
+    route = _route(request, gen.model)
+    call = build_call(route, gen, k_param)
+    options = ParseOptions(vocab=route.vocab)
+    upstream = await _open_upstream(request, route, call)
+    if not gen.stream:
+        return await _complete(route, upstream, call, front, options)
+    return await _stream(request, route, upstream, call, front, framing, options)
+
+
+async def _open_upstream(request: web.Request, route: Route, call: UpstreamCall) -> aiohttp.ClientResponse:
     """POST upstream and wait for its headers; errors before the first byte become 502/504."""
     session = request.app[SESSION_KEY]
     timeouts = route.upstream.timeouts
     timeout = aiohttp.ClientTimeout(total=timeouts.total, connect=timeouts.connect, sock_read=timeouts.idle)
+    url = route.next_url() + call.path
     try:
         async with asyncio.timeout(timeouts.first_token):
-            response = await session.post(url, data=orjson.dumps(payload), timeout=timeout,
+            response = await session.post(url, data=orjson.dumps(call.body), timeout=timeout,
                                           headers={"Content-Type": "application/json"})
     except TimeoutError:
         raise upstream_timeout(f"upstream {route.upstream_name!r} did not answer within "
@@ -158,22 +170,8 @@ async def _open_upstream(request: web.Request, route: Route, url: str, payload: 
     return response
 
 
-async def create_response(request: web.Request) -> web.StreamResponse:
-    body = await _read_json(request)
-    _validate(body)
-    route = _route(request, body["model"])
-    stream = bool(body.get("stream"))
-    url, payload, step_parser = _upstream_request(route, body, stream)
-    options = ParseOptions(vocab=route.vocab)
-    translator = ResponsesStream(_settings(body))
-    upstream = await _open_upstream(request, route, url, payload)
-    if not stream:
-        return await _complete(route, upstream, translator, step_parser, options)
-    return await _stream(request, route, upstream, translator, step_parser, options)
-
-
-async def _complete(route: Route, upstream: aiohttp.ClientResponse, translator: ResponsesStream,
-                    step_parser: Callable[..., Step], options: ParseOptions) -> web.Response:
+async def _complete(route: Route, upstream: aiohttp.ClientResponse, call: UpstreamCall, front: FrontTranslator,
+                    options: ParseOptions) -> web.Response:
     try:
         async with upstream:
             data = orjson.loads(await upstream.read())
@@ -182,38 +180,43 @@ async def _complete(route: Route, upstream: aiohttp.ClientResponse, translator: 
     except (aiohttp.ClientError, orjson.JSONDecodeError) as exc:
         raise upstream_error(f"upstream {route.upstream_name!r} sent a broken response: {exc}") from None
     try:
-        step = step_parser(data, options, streaming=False)
+        step = call.parse(data, options, streaming=False)
     except (UpstreamFormatError, AlignmentError) as exc:
         raise upstream_error(f"upstream {route.upstream_name!r} sent unusable logprobs: {exc}") from None
-    translator.feed(step.tokens, step.text)
-    return _json(translator.final_response(step.finish_reason, _usage(step.usage)))
+    front.start()
+    if step.prompt_text is not None:
+        front.echo(step.prompt_text, step.prompt_tokens or [])
+    front.feed(step.tokens, step.text)
+    return _json(front.final(step.finish_reason, step.usage))
 
 
-async def _stream(request: web.Request, route: Route, upstream: aiohttp.ClientResponse,
-                  translator: ResponsesStream, step_parser: Callable[..., Step], options: ParseOptions
-                  ) -> web.StreamResponse:
+async def _stream(request: web.Request, route: Route, upstream: aiohttp.ClientResponse, call: UpstreamCall,
+                  front: FrontTranslator, framing: _Framing, options: ParseOptions) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                            "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     finished = False
     try:
         await response.prepare(request)
-        await _write(response, translator.start())
+        await _write(response, framing, front.start())
         finish_reason: str | None = None
         usage: dict[str, Any] | None = None
+        failed = False
         try:
             async for data in data_payloads(upstream.content):
-                step = step_parser(orjson.loads(data), options, streaming=True)
-                await _write(response, translator.feed(step.tokens, step.text))
+                step = call.parse(orjson.loads(data), options, streaming=True)
+                await _write(response, framing, front.feed(step.tokens, step.text))
                 finish_reason = step.finish_reason or finish_reason
                 usage = step.usage or usage
             if finish_reason is None:
                 raise UpstreamFormatError("upstream stream ended without a finish_reason")
-            events = translator.finish(finish_reason, _usage(usage))
+            items = front.finish(finish_reason, usage)
         except TimeoutError:
-            events = translator.fail(f"upstream {route.upstream_name!r} stopped sending (idle timeout)")
-        except (aiohttp.ClientError, orjson.JSONDecodeError, UpstreamFormatError) as exc:
-            events = translator.fail(f"upstream {route.upstream_name!r} failed mid-stream: {exc}")
-        await _write(response, events)
+            failed, items = True, front.fail(f"upstream {route.upstream_name!r} stopped sending (idle timeout)")
+        except (aiohttp.ClientError, orjson.JSONDecodeError, UpstreamFormatError, AlignmentError) as exc:
+            failed, items = True, front.fail(f"upstream {route.upstream_name!r} failed mid-stream: {exc}")
+        await _write(response, framing, items)
+        if not failed:
+            await response.write(framing.end())
         finished = True
         await response.write_eof()
     finally:
@@ -224,9 +227,9 @@ async def _stream(request: web.Request, route: Route, upstream: aiohttp.ClientRe
     return response
 
 
-async def _write(response: web.StreamResponse, events: list[dict[str, Any]]) -> None:
-    if events:
-        await response.write(b"".join(encode_event(event) for event in events))
+async def _write(response: web.StreamResponse, framing: _Framing, items: list[dict[str, Any]]) -> None:
+    if items:
+        await response.write(framing.encode(items))
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -252,6 +255,8 @@ def create_app(config: Config) -> web.Application:
     app[ROUTES_KEY] = build_routes(config)
     app[STARTED_KEY] = int(time.time())
     app.router.add_post("/v1/responses", create_response)
+    app.router.add_post("/v1/chat/completions", create_chat_completion)
+    app.router.add_post("/v1/completions", create_completion)
     app.router.add_get("/v1/models", list_models)
     app.on_startup.append(_on_startup)
     app.on_cleanup.append(_on_cleanup)

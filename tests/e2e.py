@@ -35,18 +35,34 @@ class Stack:
 
 async def start_stack(aiohttp_server, vocab, *, api: str = "chat", model: str = "demo-model",
                       timeouts: dict[str, float] | None = None, tokenizer: dict[str, str] | None = None,
-                      upstream_url: str | None = None, **simulator_options: Any) -> Stack:
+                      upstream_url: str | None = None, upstream_options: dict[str, Any] | None = None,
+                      chat_template: str | None = None, **simulator_options: Any) -> Stack:
     simulator = await aiohttp_server(create_simulator(vocab, model, **simulator_options))
     upstream: dict[str, Any] = {"urls": [upstream_url or str(simulator.make_url("")).rstrip("/")], "api": api}
     if timeouts:
         upstream["timeouts"] = timeouts
+    upstream.update(upstream_options or {})
+    model_config: dict[str, Any] = {"upstream": "sim", **_tokenizer(tokenizer)}
+    if chat_template is not None:
+        model_config["chat_template"] = chat_template
     config = parse_config({"upstreams": {"sim": upstream},
-                           "models": {model: {"upstream": "sim", **_tokenizer(tokenizer)}}},
+                           "models": {model: model_config}},
                           base_dir=Path("."))
     gateway = await aiohttp_server(create_app(config))
     client = AsyncOpenAI(base_url=str(gateway.make_url("/v1")), api_key="test-key",
                          _strict_response_validation=True, max_retries=0)
     return Stack(simulator, gateway, client, model)
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def chatml_template(folder: Path) -> str:
+    """A ChatML chat template file (Qwen2 style) for completions upstreams."""
+    path = folder / "chatml.jinja"
+    path.write_text(CHATML)
+    return str(path)
 
 
 def _tokenizer(spec: dict[str, str] | None) -> dict[str, Any]:

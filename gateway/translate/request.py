@@ -1,4 +1,4 @@
-"""Responses request -> chat messages and upstream request bodies (pure functions)."""
+"""Responses request -> chat messages, the logprob switch and vendor extensions (pure functions)."""
 
 from __future__ import annotations
 
@@ -67,59 +67,5 @@ def wants_logprobs(body: dict[str, Any]) -> bool:
     return LOGPROBS_INCLUDE in (body.get("include") or [])
 
 
-def upstream_top_logprobs(k: int, cap: int) -> int:
-    """vLLM puts the sampled token first in a list of k, so ask for k+1 to keep the true top k."""
-    return min(k + 1, cap) if k > 0 else 0
-
-
 def vendor_extensions(body: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in body.items() if key not in RESPONSES_FIELDS}
-
-
-def _sampling(body: dict[str, Any]) -> dict[str, Any]:
-    out = {key: body[key] for key in ("temperature", "top_p") if body.get(key) is not None}
-    if body.get("user") is not None:
-        out["user"] = body["user"]
-    return out
-
-
-def chat_body(body: dict[str, Any], upstream_model: str, *, cap: int, stream: bool,
-              token_ids: bool = True) -> dict[str, Any]:
-    """The vLLM chat request: logprobs always on; with a tokenizer, token ids make every byte exact."""
-    k = body.get("top_logprobs") or 0
-    request: dict[str, Any] = {
-        **vendor_extensions(body),
-        "model": upstream_model,
-        "messages": responses_to_messages(body),
-        "logprobs": True,
-        "top_logprobs": upstream_top_logprobs(k, cap),
-        "return_tokens_as_token_ids": token_ids,
-        "stream": stream,
-        **_sampling(body),
-    }
-    if body.get("max_output_tokens") is not None:
-        request["max_tokens"] = body["max_output_tokens"]
-    if stream:
-        request["stream_options"] = {"include_usage": True}
-    return request
-
-
-def completions_body(body: dict[str, Any], upstream_model: str, prompt: str, *, cap: int,
-                     stream: bool, token_ids: bool = True) -> dict[str, Any]:
-    """The vLLM completions request for a prompt rendered from the chat template."""
-    k = body.get("top_logprobs") or 0
-    request: dict[str, Any] = {
-        **vendor_extensions(body),
-        "model": upstream_model,
-        "prompt": prompt,
-        # The completions dict holds the sampled token *plus* the top k, so k is enough here.
-        "logprobs": min(k, cap),
-        "return_tokens_as_token_ids": token_ids,
-        "stream": stream,
-        **_sampling(body),
-    }
-    # Legacy completions defaults to 16 tokens; a Responses request without a cap means "no cap".
-    request["max_tokens"] = body.get("max_output_tokens")
-    if stream:
-        request["stream_options"] = {"include_usage": True}
-    return request

@@ -1,0 +1,93 @@
+"""Chat Completions as the client's format: the streaming translator and the final body.
+
+Same contract as the Responses translator: feed canonical tokens, get chunks back. Chunks are
+`chat.completion.chunk` objects (the server loop adds `data: ` framing and the closing `[DONE]`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from gateway.logprobs.render import render_chat
+from gateway.logprobs.tokens import Token
+from gateway.translate.grouping import TextGrouper
+from gateway.translate.response_object import new_id
+
+
+def chat_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not usage:
+        return None
+    prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def normalize_finish(reason: str | None) -> str:
+    """Servers' own words (TGI `eos_token`, `stop_sequence`) -> OpenAI's."""
+    if reason in ("length", "tool_calls", "content_filter", "function_call"):
+        return reason
+    return "stop"
+
+
+class ChatStream:
+    def __init__(self, model: str, *, logprobs: bool, top_logprobs: int, include_usage: bool = False,
+                 completion_id: str | None = None, created: int | None = None) -> None:
+        self.model = model
+        self.logprobs = logprobs
+        self.k = top_logprobs
+        self.include_usage = include_usage
+        self.id = completion_id or new_id("chatcmpl")
+        self.created = created if created is not None else int(time.time())
+        self._grouper = TextGrouper()
+        self._text: list[str] = []
+        self._entries: list[dict[str, Any]] = []
+
+    def _chunk(self, delta: dict[str, Any], logprobs: Any, finish_reason: str | None = None) -> dict[str, Any]:
+        chunk: dict[str, Any] = {
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+        }
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def _logprobs(self, tokens: list[Token]) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        entries = render_chat(tokens, self.k)
+        self._entries.extend(entries)
+        return {"content": entries, "refusal": None}
+
+    def start(self) -> list[dict[str, Any]]:
+        return [self._chunk({"role": "assistant", "content": ""}, None)]
+
+    def _groups_to_chunks(self, groups: Iterable[tuple[str, list[Token]]]) -> list[dict[str, Any]]:
+        chunks = []
+        for text, tokens in groups:
+            self._text.append(text)
+            chunks.append(self._chunk({"content": text}, self._logprobs(tokens)))
+        return chunks
+
+    def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]:
+        return self._groups_to_chunks(self._grouper.feed(tokens, upstream_text))
+
+    def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
+        chunks = self._groups_to_chunks(self._grouper.finish(finish_reason))
+        chunks.append(self._chunk({}, None, normalize_finish(finish_reason)))
+        if self.include_usage:
+            chunks.append({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                           "model": self.model, "choices": [], "usage": chat_usage(usage)})
+        return chunks
+
+    def final(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
+        """The non-streamed `chat.completion` body (feed everything first)."""
+        self._groups_to_chunks(self._grouper.finish(finish_reason))
+        message = {"role": "assistant", "content": "".join(self._text), "refusal": None}
+        logprobs = {"content": self._entries, "refusal": None} if self.logprobs else None
+        return {
+            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+            "choices": [{"index": 0, "message": message, "logprobs": logprobs,
+                         "finish_reason": normalize_finish(finish_reason)}],
+            "usage": chat_usage(usage) or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        }

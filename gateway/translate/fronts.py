@@ -1,0 +1,113 @@
+"""The three front doors' output side behind one interface the server loop drives.
+
+Each translator takes canonical tokens and returns the client's objects: Responses events, chat
+chunks or completion chunks; `final` gives the non-streamed body, `fail` the in-stream error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from gateway.logprobs.tokens import Token
+from gateway.translate.chat_front import ChatStream
+from gateway.translate.completions_front import CompletionsStream
+from gateway.translate.generation import Generation
+from gateway.translate.response_object import ResponseSettings, usage_object
+from gateway.translate.stream import ResponsesStream
+
+
+class FrontTranslator(Protocol):
+    def start(self) -> list[dict[str, Any]]: ...
+    def echo(self, text: str, tokens: list[Token]) -> list[dict[str, Any]]: ...
+    def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]: ...
+    def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]: ...
+    def final(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]: ...
+    def fail(self, message: str) -> list[dict[str, Any]]: ...
+
+
+def responses_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An upstream's chat-style usage -> Responses usage with every detail field."""
+    if not usage:
+        return None
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+    return usage_object(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0, cached, reasoning)
+
+
+def error_payload(message: str) -> dict[str, Any]:
+    """A chat/completions stream that fails midway ends with an error object, as OpenAI's do."""
+    return {"error": {"message": message, "type": "upstream_error", "param": None, "code": "upstream_error"}}
+
+
+class ResponsesFront:
+    def __init__(self, settings: ResponseSettings) -> None:
+        self.stream = ResponsesStream(settings)
+
+    def start(self) -> list[dict[str, Any]]:
+        return self.stream.start()
+
+    def echo(self, text: str, tokens: list[Token]) -> list[dict[str, Any]]:
+        return []
+
+    def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]:
+        return self.stream.feed(tokens, upstream_text)
+
+    def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
+        return self.stream.finish(finish_reason, responses_usage(usage))
+
+    def final(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
+        return self.stream.final_response(finish_reason, responses_usage(usage))
+
+    def fail(self, message: str) -> list[dict[str, Any]]:
+        return self.stream.fail(message)
+
+
+class ChatFront:
+    def __init__(self, gen: Generation, include_usage: bool) -> None:
+        self.stream = ChatStream(gen.model, logprobs=gen.logprobs, top_logprobs=gen.top_k_logprobs,
+                                 include_usage=include_usage)
+
+    def start(self) -> list[dict[str, Any]]:
+        return self.stream.start()
+
+    def echo(self, text: str, tokens: list[Token]) -> list[dict[str, Any]]:
+        return []
+
+    def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]:
+        return self.stream.feed(tokens, upstream_text)
+
+    def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
+        return self.stream.finish(finish_reason, usage)
+
+    def final(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
+        return self.stream.final(finish_reason, usage)
+
+    def fail(self, message: str) -> list[dict[str, Any]]:
+        return [error_payload(message)]
+
+
+class CompletionsFront:
+    def __init__(self, gen: Generation, include_usage: bool) -> None:
+        # Echo without logprobs needs nothing from the upstream: the gateway prepends the prompt.
+        echo_text = (gen.prompt or "") if gen.echo_prompt and not gen.logprobs else ""
+        self.stream = CompletionsStream(gen.model, logprobs=gen.top_k_logprobs if gen.logprobs else None,
+                                        include_usage=include_usage, echo_text=echo_text)
+
+    def start(self) -> list[dict[str, Any]]:
+        return self.stream.start()
+
+    def echo(self, text: str, tokens: list[Token]) -> list[dict[str, Any]]:
+        return self.stream.echo(text, tokens)
+
+    def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]:
+        return self.stream.feed(tokens, upstream_text)
+
+    def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
+        return self.stream.finish(finish_reason, usage)
+
+    def final(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
+        return self.stream.final(finish_reason, usage)
+
+    def fail(self, message: str) -> list[dict[str, Any]]:
+        return [error_payload(message)]

@@ -1,0 +1,44 @@
+"""One internal shape for a generation request, whichever front door it came through.
+
+Front doors (responses, chat, completions) parse into `Generation`; each upstream dialect
+builds its own request from it. Pure data, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class Generation:
+    """What the client asked the model to do.
+
+    `messages` (chat-shaped) or `prompt` (a raw string) is set; `top_k_logprobs` is the number of
+    alternatives the client wants, `logprobs` whether it wants logprobs at all; `echo_prompt` asks
+    for the prompt's own logprobs (legacy completions `echo`).
+    """
+
+    model: str
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    plain_input: str | None = None  # the client's input when it was one plain string
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: list[str] | None = None
+    user: str | None = None
+    logprobs: bool = False
+    top_k_logprobs: int = 0
+    echo_prompt: bool = False
+    stream: bool = False
+    extensions: dict[str, Any] = field(default_factory=dict)
+
+    def sampling(self) -> dict[str, Any]:
+        """The OpenAI-style sampling fields set by the client (unset ones are left to the server)."""
+        out: dict[str, Any] = {}
+        for key in ("temperature", "top_p", "stop", "user"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out

@@ -1,0 +1,74 @@
+"""Group streamed tokens into text deltas, each carrying exactly the tokens whose text it adds.
+
+A token that ends inside a character waits until the character completes. Without a tokenizer
+(lossy strings), the upstream's own text leads and tokens ride with the text they came with.
+Shared by every front door's streaming translator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gateway.logprobs.tokens import Origin, Token
+
+Group = tuple[str, list[Token]]
+
+
+class TextGrouper:
+    def __init__(self) -> None:
+        self._pending: list[Token] = []
+        self._pending_bytes = bytearray()
+        self._upstream_text = ""
+        self._first_token_seen = False
+        self._text_led = False
+        self._held: list[Token] = []
+
+    def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[Group]:
+        """One upstream step: its tokens (exact bytes where known) and the text it reported."""
+        self._upstream_text += upstream_text
+        tokens = list(tokens)
+        lossy = any(token.origin is Origin.AMBIGUOUS for token in tokens)
+        if not self._pending and (lossy or self._text_led or (not tokens and upstream_text)):
+            self._text_led = self._text_led or lossy
+            self._held += [t for t in tokens if not t.special]
+            if not upstream_text:
+                return []
+            group = (upstream_text, self._held)
+            self._held = []
+            return [group]
+        groups: list[Group] = []
+        for token in tokens:
+            if token.special:
+                continue  # control tokens spell no text
+            token = self._first_visible(token)
+            self._pending.append(token)
+            self._pending_bytes += token.bytes
+            try:
+                text = self._pending_bytes.decode("utf-8")
+            except UnicodeDecodeError as err:
+                if err.reason == "unexpected end of data":
+                    continue  # the character completes in a later token
+                text = self._pending_bytes.decode("utf-8", errors="replace")  # truly invalid bytes
+            groups.append((text, self._pending))
+            self._pending = []
+            self._pending_bytes = bytearray()
+        return groups
+
+    def _first_visible(self, token: Token) -> Token:
+        """SentencePiece decoders drop the space their normalizer put before the first token."""
+        if self._first_token_seen:
+            return token
+        self._first_token_seen = True
+        if token.bytes.startswith(b" ") and self._upstream_text and not self._upstream_text.startswith(" "):
+            return Token(token.bytes[1:], token.logprob, token.top, token.token_id, token.special, token.origin)
+        return token
+
+    def finish(self, finish_reason: str | None) -> list[Group]:
+        """Tokens left inside an unfinished character keep their logprobs in a group with no text.
+
+        In a text-led stream an empty string after the last text is the end-of-sequence token,
+        unless generation was cut by length."""
+        held = self._held if finish_reason == "length" else [t for t in self._held if t.bytes]
+        dangling = self._pending + held
+        self._pending, self._held, self._pending_bytes = [], [], bytearray()
+        return [("", dangling)] if dangling else []

@@ -1,0 +1,181 @@
+"""/v1/chat/completions and /v1/completions front doors over chat and completions upstreams."""
+
+import json
+
+import aiohttp
+import pytest
+
+from gateway.logprobs.demo_vocab import build_demo_vocab
+from gateway.logprobs.spellings import parse_bytes_spelling
+from tests.e2e import chatml_template, start_stack
+
+TEXT = "Hi 👋🏽 根据 🦀 done."
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    return build_demo_vocab()
+
+
+def _check_chat_entries(entries, text, k):
+    assert b"".join(bytes(e.bytes) for e in entries) == text.encode()
+    for entry in entries:
+        assert entry.token == bytes(entry.bytes).decode("utf-8", errors="backslashreplace")
+        values = [t.logprob for t in entry.top_logprobs]
+        assert len(values) <= k and values == sorted(values, reverse=True)
+
+
+def _completions_bytes(token: str) -> bytes:
+    spelled = parse_bytes_spelling(token)
+    return spelled if spelled is not None else token.encode()
+
+
+def _check_completions_logprobs(logprobs, text, k, start=0):
+    tokens = logprobs["tokens"]
+    assert b"".join(_completions_bytes(t) for t in tokens) == text.encode()
+    assert len(tokens) == len(logprobs["token_logprobs"]) == len(logprobs["top_logprobs"]) == len(
+        logprobs["text_offset"])
+    for token, offset, top in zip(tokens, logprobs["text_offset"], logprobs["top_logprobs"], strict=True):
+        data = _completions_bytes(token)
+        if data and (data[0] & 0xC0) != 0x80:  # a token that starts a character points at it
+            assert text[offset - start:].encode().startswith(data[: len(text[offset - start].encode())])
+        if top is not None:
+            assert len(top) <= k + 1
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+@pytest.mark.parametrize("k", [0, 3, 20])
+async def test_chat_front_door_non_streaming(aiohttp_server, vocab, api, k, tmp_path):
+    stack = await start_stack(aiohttp_server, vocab, api=api, default_reply=TEXT,
+                              chat_template=chatml_template(tmp_path))
+    completion = await stack.client.chat.completions.create(
+        model=stack.model, messages=[{"role": "user", "content": "hello"}], logprobs=True, top_logprobs=k)
+    choice = completion.choices[0]
+    assert choice.message.content == TEXT and choice.finish_reason == "stop"
+    _check_chat_entries(choice.logprobs.content, TEXT, k)
+    assert len(choice.logprobs.content) == completion.usage.completion_tokens - 1  # EOS set aside
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+async def test_chat_front_door_streaming(aiohttp_server, vocab, api, tmp_path):
+    stack = await start_stack(aiohttp_server, vocab, api=api, default_reply=TEXT, tokens_per_step="vary",
+                              chat_template=chatml_template(tmp_path))
+    stream = await stack.client.chat.completions.create(
+        model=stack.model, messages=[{"role": "user", "content": "hello"}], logprobs=True, top_logprobs=2,
+        stream=True, stream_options={"include_usage": True})
+    chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert text == TEXT
+    _check_chat_entries(entries, TEXT, 2)
+    assert chunks[-1].usage.completion_tokens == len(entries) + 1
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+
+
+async def test_chat_stream_ends_with_done(aiohttp_server, vocab):
+    stack = await start_stack(aiohttp_server, vocab)
+    body = {"model": stack.model, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    async with aiohttp.ClientSession() as session, session.post(stack.url("/v1/chat/completions"),
+                                                                json=body) as reply:
+        raw = await reply.text()
+    assert raw.endswith("data: [DONE]\n\n")
+    first = json.loads(raw.split("\n\n")[0].removeprefix("data: "))
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+
+async def test_chat_front_door_without_logprobs_has_null_logprobs(aiohttp_server, vocab):
+    stack = await start_stack(aiohttp_server, vocab, replies={"hello": TEXT})
+    completion = await stack.client.chat.completions.create(
+        model=stack.model, messages=[{"role": "user", "content": "hello"}])
+    assert completion.choices[0].logprobs is None and completion.choices[0].message.content == TEXT
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+@pytest.mark.parametrize("k", [0, 1, 5])
+async def test_completions_front_door_non_streaming(aiohttp_server, vocab, api, k):
+    stack = await start_stack(aiohttp_server, vocab, api=api, replies={"hello": TEXT})
+    completion = await stack.client.completions.create(model=stack.model, prompt="hello", logprobs=k,
+                                                       max_tokens=100)
+    choice = completion.choices[0]
+    assert choice.text == TEXT
+    _check_completions_logprobs(choice.logprobs.model_dump(), TEXT, k)
+    assert any(t.startswith("bytes:") for t in choice.logprobs.tokens)
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+async def test_completions_front_door_streaming_offsets_continue(aiohttp_server, vocab, api):
+    stack = await start_stack(aiohttp_server, vocab, api=api, replies={"hello": TEXT}, tokens_per_step="vary")
+    # OpenAI's SDK types legacy completion chunks with a non-null finish_reason, which no server sends
+    # before the last chunk (OpenAI included): strict validation cannot pass here, so it is off.
+    lenient = stack.client.with_options()
+    lenient._strict_response_validation = False
+    stream = await lenient.completions.create(model=stack.model, prompt="hello", logprobs=2, max_tokens=100,
+                                              stream=True)
+    merged = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    text = ""
+    async for chunk in stream:
+        if not chunk.choices:
+            continue
+        text += chunk.choices[0].text
+        if chunk.choices[0].logprobs:
+            for key in merged:
+                merged[key] += getattr(chunk.choices[0].logprobs, key)
+    assert text == TEXT
+    _check_completions_logprobs(merged, TEXT, 2)
+    assert merged["text_offset"] == sorted(merged["text_offset"])
+
+
+async def test_completions_default_max_tokens_is_16(aiohttp_server, vocab):
+    stack = await start_stack(aiohttp_server, vocab, replies={"hello": TEXT * 5})
+    completion = await stack.client.completions.create(model=stack.model, prompt="hello")
+    assert completion.usage.completion_tokens == 16 and completion.choices[0].finish_reason == "length"
+
+
+async def test_completions_echo_with_logprobs_has_a_null_first_entry(aiohttp_server, vocab):
+    stack = await start_stack(aiohttp_server, vocab, api="completions", replies={"hello there": "Hi 🦀"})
+    body = {"model": stack.model, "prompt": "hello there", "logprobs": 1, "echo": True, "max_tokens": 20}
+    async with aiohttp.ClientSession() as session, session.post(stack.url("/v1/completions"), json=body) as reply:
+        payload = await reply.json()
+    choice = payload["choices"][0]
+    assert choice["text"] == "hello thereHi 🦀"
+    logprobs = choice["logprobs"]
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    _check_completions_logprobs(logprobs, choice["text"], 1)
+    assert logprobs["text_offset"][0] == 0
+
+
+async def test_completions_echo_without_logprobs_needs_no_upstream_support(aiohttp_server, vocab):
+    stack = await start_stack(aiohttp_server, vocab, api="chat", replies={"hello": "Hi"})
+    completion = await stack.client.completions.create(model=stack.model, prompt="hello", echo=True)
+    assert completion.choices[0].text == "helloHi"
+
+
+@pytest.mark.parametrize(
+    ("api", "path", "body", "param"),
+    [
+        ("chat", "/v1/chat/completions",
+         {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 6}, "top_logprobs"),
+        ("chat", "/v1/responses", {"input": "x", "top_logprobs": 6, "include": ["message.output_text.logprobs"]},
+         "top_logprobs"),
+        ("completions", "/v1/completions", {"prompt": "x", "logprobs": 6}, "logprobs"),
+        ("chat", "/v1/completions", {"prompt": "x", "logprobs": 1, "echo": True}, "echo"),
+        ("completions", "/v1/completions", {"prompt": "x", "logprobs": 1, "echo": True, "stream": True}, "echo"),
+    ],
+)
+async def test_what_a_route_cannot_serve_is_refused_not_silently_shortened(aiohttp_server, vocab, api, path, body,
+                                                                         param):
+    stack = await start_stack(aiohttp_server, vocab, api=api, upstream_options={"max_top_logprobs": 5})
+    async with aiohttp.ClientSession() as session, session.post(
+        stack.url(path), json={"model": stack.model, **body}
+    ) as reply:
+        payload = await reply.json()
+    assert reply.status == 400, payload
+    assert payload["error"]["code"] == "unsupported_parameter" and payload["error"]["param"] == param
+    assert stack.stats.started == 0
+
+
+async def test_k_at_the_cap_is_served(aiohttp_server, vocab):
+    stack = await start_stack(aiohttp_server, vocab, upstream_options={"max_top_logprobs": 5}, max_logprobs=5)
+    completion = await stack.client.chat.completions.create(
+        model=stack.model, messages=[{"role": "user", "content": "x"}], logprobs=True, top_logprobs=5)
+    assert max(len(e.top_logprobs) for e in completion.choices[0].logprobs.content) == 5
