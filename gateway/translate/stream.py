@@ -17,7 +17,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from gateway.logprobs.render import render_responses_entry
-from gateway.logprobs.tokens import Origin, Token
+from gateway.logprobs.tokens import Token
+from gateway.translate.grouping import TextGrouper
 from gateway.translate.response_object import (
     ResponseSettings,
     message_item,
@@ -40,13 +41,8 @@ class ResponsesStream:
         self._sequence = 0
         self._text: list[str] = []
         self._logprobs: list[dict[str, Any]] = []
-        self._pending: list[Token] = []
-        self._pending_bytes = bytearray()
+        self._grouper = TextGrouper()
         self._message_open = False
-        self._upstream_text = ""
-        self._first_token_seen = False
-        self._text_led = False
-        self._pending_text_led: list[Token] = []
         self.finished = False
 
     # --- events -------------------------------------------------------------------------------
@@ -93,46 +89,14 @@ class ResponsesStream:
 
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]:
         """Take one upstream step: its tokens (exact bytes) and the text delta it reported."""
-        self._upstream_text += upstream_text
-        events: list[dict[str, Any]] = []
-        tokens = list(tokens)
-        lossy = any(token.origin is Origin.AMBIGUOUS for token in tokens)
-        if not self._pending and (lossy or self._text_led or (not tokens and upstream_text)):
-            # No logprobs, or lossy strings and no tokenizer to fix them mid-stream: the upstream's
-            # text leads; tokens ride with the text they arrived with (bytes flagged when lossy).
-            self._text_led = self._text_led or lossy
-            self._pending_text_led += [t for t in tokens if not t.special]
-            if upstream_text:
-                events.extend(self._open_message())
-                events.append(self._delta(upstream_text, self._pending_text_led))
-                self._pending_text_led = []
-            return events
-        for token in tokens:
-            if token.special:
-                continue  # control tokens spell no text
-            token = self._first_visible(token)
-            events.extend(self._open_message())
-            self._pending.append(token)
-            self._pending_bytes += token.bytes
-            try:
-                text = self._pending_bytes.decode("utf-8")
-            except UnicodeDecodeError as err:
-                if err.reason == "unexpected end of data":
-                    continue  # the character completes in a later token
-                text = self._pending_bytes.decode("utf-8", errors="replace")  # truly invalid bytes
-            events.append(self._delta(text, self._pending))
-            self._pending = []
-            self._pending_bytes = bytearray()
-        return events
+        return self._deltas(self._grouper.feed(tokens, upstream_text))
 
-    def _first_visible(self, token: Token) -> Token:
-        """SentencePiece decoders drop the space their normalizer put before the first token."""
-        if self._first_token_seen:
-            return token
-        self._first_token_seen = True
-        if token.bytes.startswith(b" ") and self._upstream_text and not self._upstream_text.startswith(" "):
-            return Token(token.bytes[1:], token.logprob, token.top, token.token_id, token.special, token.origin)
-        return token
+    def _deltas(self, groups: list[tuple[str, list[Token]]]) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        for text, tokens in groups:
+            events.extend(self._open_message())
+            events.append(self._delta(text, tokens))
+        return events
 
     # --- output -------------------------------------------------------------------------------
 
@@ -147,10 +111,7 @@ class ResponsesStream:
     def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
         """Close the message and end with `response.completed` or `response.incomplete`."""
         events = self._open_message()
-        if finish_reason != "length":
-            # Text-led stream: an empty string after the last text is the end-of-sequence token.
-            self._pending_text_led = [t for t in self._pending_text_led if t.bytes]
-        events += self._flush_dangling()
+        events += self._deltas(self._grouper.finish(finish_reason))
         status, _ = status_for_finish(finish_reason)
         item_status = "incomplete" if status == "incomplete" else "completed"
         part = output_text_part(self.text, self._logprobs)
@@ -167,20 +128,9 @@ class ResponsesStream:
         self.finished = True
         return events
 
-    def _flush_dangling(self) -> list[dict[str, Any]]:
-        """Tokens stuck inside an unfinished character: keep their logprobs, add no text."""
-        self._pending += self._pending_text_led
-        self._pending_text_led = []
-        if not self._pending:
-            return []
-        event = self._delta("", self._pending)
-        self._pending = []
-        self._pending_bytes = bytearray()
-        return [event]
-
     def final_response(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
         """The complete Response (also what a non-streamed request returns)."""
-        self._flush_dangling()
+        self._deltas(self._grouper.finish(finish_reason))
         status, reason = status_for_finish(finish_reason)
         item_status = "incomplete" if status == "incomplete" else "completed"
         item = message_item(self.message_id, item_status, [output_text_part(self.text, self._logprobs)])
