@@ -28,8 +28,8 @@ from gateway.translate.fronts import ChatFront, CompletionsFront, FrontTranslato
 from gateway.translate.generation import Generation
 from gateway.translate.response_object import ResponseSettings
 from gateway.upstreams.base import UpstreamCall, UpstreamFormatError
-from gateway.upstreams.dispatch import build_call
-from gateway.upstreams.vllm import error_message
+from gateway.upstreams.dispatch import build_call, parse_options
+from gateway.upstreams.openai_compatible import error_message
 
 log = logging.getLogger("responses_gateway")
 
@@ -137,7 +137,7 @@ async def _serve(request: web.Request, gen: Generation, front: FrontTranslator, 
                  k_param: str) -> web.StreamResponse:
     route = _route(request, gen.model)
     call = build_call(route, gen, k_param)
-    options = ParseOptions(vocab=route.vocab)
+    options = parse_options(route)
     upstream = await _open_upstream(request, route, call)
     if not gen.stream:
         return await _complete(route, upstream, call, front, options)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,12 +32,31 @@ class Timeouts(_Strict):
     total: float = Field(default=600.0, gt=0)
 
 
+# Alternatives per token each server family returns by default (vLLM --max-logprobs,
+# TGI --max-top-n-tokens, ...); `max_top_logprobs` overrides it for a server started otherwise.
+DEFAULT_TOP_LOGPROBS_CAP = {"vllm": 20, "tgi": 5, "sglang": 20, "llamacpp": 20, "openai": 20}
+
+
 class Upstream(_Strict):
     urls: list[str] = Field(min_length=1)
-    dialect: Literal["vllm"] = "vllm"
-    api: Literal["chat", "completions"] = "chat"
-    max_top_logprobs: int = Field(default=20, ge=0)  # the server's --max-logprobs
+    dialect: Literal["vllm", "tgi", "sglang", "llamacpp", "openai"] = "vllm"
+    api: Literal["chat", "completions", "generate"] = "chat"
+    max_top_logprobs: int | None = Field(default=None, ge=0)
     timeouts: Timeouts = Timeouts()
+
+    @model_validator(mode="after")
+    def _api_fits_dialect(self) -> Upstream:
+        if self.dialect == "tgi" and self.api == "completions":
+            raise ValueError("api: TGI's /v1/completions never returns logprobs; use api: generate or chat")
+        if self.api == "generate" and self.dialect not in ("tgi", "sglang"):
+            raise ValueError(f"api: generate is TGI's and SGLang's native API, not {self.dialect}'s")
+        return self
+
+    @property
+    def top_logprobs_cap(self) -> int:
+        if self.max_top_logprobs is not None:
+            return self.max_top_logprobs
+        return DEFAULT_TOP_LOGPROBS_CAP[self.dialect]
 
     @field_validator("urls")
     @classmethod
@@ -89,6 +109,11 @@ def parse_config(data: Any, base_dir: Path) -> Config:
         message = first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
             message = "unknown key"
+        # A validator over several fields names its key first ("api: ..."): make it part of the path.
+        field_first = re.match(r"([a-z_]+): ", message)
+        if first["type"] == "value_error" and field_first and not message.startswith("models."):
+            location = f"{location}.{field_first.group(1)}"
+            message = message[field_first.end():]
         raise ConfigError(f"{location}: {message}") from None
 
 

@@ -71,3 +71,22 @@ def test_the_example_config_is_valid():
 
     config = load_config(Path(__file__).resolve().parents[1] / "config.example.yaml")
     assert "Qwen/Qwen2-0.5B" in config.models
+
+
+@pytest.mark.parametrize(
+    ("dialect", "api", "message"),
+    [("tgi", "completions", "never returns logprobs"), ("vllm", "generate", "native API"),
+     ("llamacpp", "generate", "native API")],
+)
+def test_routes_that_cannot_give_logprobs_are_refused_at_load(dialect, api, message):
+    with pytest.raises(ConfigError, match=rf"upstreams\.u\.api: .*{message}"):
+        parse_config({"upstreams": {"u": {"urls": ["http://127.0.0.1:1"], "dialect": dialect, "api": api}},
+                      "models": {}}, base_dir=__import__("pathlib").Path("."))
+
+
+def test_each_dialect_has_its_servers_default_cap():
+    config = parse_config({"upstreams": {"t": {"urls": ["http://x:1"], "dialect": "tgi"},
+                                         "v": {"urls": ["http://x:1"]},
+                                         "o": {"urls": ["http://x:1"], "dialect": "tgi", "max_top_logprobs": 10}},
+                           "models": {}}, base_dir=__import__("pathlib").Path("."))
+    assert [config.upstreams[n].top_logprobs_cap for n in "tvo"] == [5, 20, 10]

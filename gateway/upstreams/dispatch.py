@@ -6,8 +6,14 @@ from gateway.errors import bad_request
 from gateway.routing import Route
 from gateway.translate.chat_template import ChatTemplateError, render_prompt
 from gateway.translate.generation import Generation
-from gateway.upstreams import vllm
+from gateway.upstreams import llamacpp, openai, sglang, tgi, vllm
 from gateway.upstreams.base import UpstreamCall
+from gateway.upstreams.openai_compatible import Flavor, chat_call, completions_call
+
+FLAVORS: dict[str, Flavor] = {
+    "vllm": vllm.FLAVOR, "sglang": sglang.FLAVOR, "llamacpp": llamacpp.FLAVOR, "openai": openai.FLAVOR,
+    "tgi": tgi.CHAT_FLAVOR,
+}
 
 
 def prompt_for(route: Route, gen: Generation) -> str:
@@ -22,9 +28,14 @@ def prompt_for(route: Route, gen: Generation) -> str:
 
 def build_call(route: Route, gen: Generation, k_param: str) -> UpstreamCall:
     upstream = route.upstream
+    flavor = FLAVORS[upstream.dialect]
+    cap = upstream.top_logprobs_cap
     token_ids = route.vocab is not None
     if upstream.api == "chat":
-        return vllm.chat_call(gen, route.upstream_model, cap=upstream.max_top_logprobs, token_ids=token_ids,
-                              param=k_param)
-    return vllm.completions_call(gen, route.upstream_model, prompt_for(route, gen), cap=upstream.max_top_logprobs,
-                                 token_ids=token_ids, param=k_param)
+        return chat_call(flavor, gen, route.upstream_model, cap=cap, token_ids=token_ids, param=k_param)
+    return completions_call(flavor, gen, route.upstream_model, prompt_for(route, gen), cap=cap,
+                            token_ids=token_ids, param=k_param)
+
+
+def parse_options(route: Route):
+    return FLAVORS[route.upstream.dialect].parse_options(route.vocab)

@@ -12,6 +12,11 @@ from typing import Any
 
 from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.parse import LogprobParseError, Parsed, ParseOptions, parse_chat
+from gateway.upstreams.openai_compatible import Flavor
+
+# The Messages API (/v1/chat/completions): no `bytes`, no ids; `""` on the first tokens of a split
+# character. Its /v1/completions never returns logprobs.
+CHAT_FLAVOR = Flavor(name="TGI", trust_bytes=None, completions_logprobs=False)
 
 
 def _as_chat_entries(tokens: list[Mapping[str, Any]], top_tokens: list[list[Mapping[str, Any]]] | None,

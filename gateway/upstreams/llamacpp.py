@@ -1,0 +1,13 @@
+"""llama.cpp server: OpenAI-compatible APIs whose entries carry exact raw `bytes` and the token `id`.
+
+Its /v1/completions answers with the chat-style `logprobs: {content: [...]}`, and a token that
+leaves a character incomplete gets no entry of its own (the completing token carries the whole
+character), so entries are per completed character there. `top_logprobs` is always sent: the
+server defaults it to 20.
+"""
+
+from __future__ import annotations
+
+from gateway.upstreams.openai_compatible import Flavor
+
+FLAVOR = Flavor(name="llama.cpp", trust_bytes=True, chat_shaped_completions=True)

@@ -1,0 +1,218 @@
+"""The OpenAI-compatible chat and completions APIs that most servers speak, with per-server flavor.
+
+vLLM, SGLang, llama.cpp, TGI's Messages API and OpenAI itself share the request and response
+shapes and differ in small ways (token-id placeholders, whether the sampled token is forced into
+the top list, how far `bytes` can be trusted, the shape of completions logprobs, the cap on k).
+One implementation takes those differences as a `Flavor`, so no dialect keeps its own drifting copy.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.logprobs.parse import LogprobParseError, ParseOptions, parse_chat, parse_completions
+from gateway.logprobs.tokens import Token
+from gateway.translate.generation import Generation
+from gateway.upstreams.base import Step, UpstreamCall, UpstreamFormatError, unsupported
+
+
+@dataclass(frozen=True, slots=True)
+class Flavor:
+    """How one server family bends the OpenAI shapes.
+
+    token_id_placeholders: it can spell tokens as `token_id:N` (vLLM's `return_tokens_as_token_ids`).
+    sampled_first: its top list is the sampled token first plus k-1 others, so ask for k+1.
+    trust_bytes: its `bytes` are exact (True), lossy decodes (False) or to be judged per token (None).
+    chat_shaped_completions: its /v1/completions returns `logprobs: {content: [...]}` (llama.cpp).
+    completions_logprobs: it can return logprobs on /v1/completions at all.
+    prompt_logprobs: it can score the prompt (completions `echo` with logprobs).
+    """
+
+    name: str
+    token_id_placeholders: bool = False
+    sampled_first: bool = False
+    trust_bytes: bool | None = None
+    chat_shaped_completions: bool = False
+    completions_logprobs: bool = True
+    prompt_logprobs: bool = False
+    escapes: bool = False
+
+    def parse_options(self, vocab: Any) -> ParseOptions:
+        return ParseOptions(vocab=vocab, trust_bytes=self.trust_bytes, escapes=self.escapes)
+
+
+# --- responses ----------------------------------------------------------------------------------
+
+
+def _choice(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    if isinstance(body.get("error"), Mapping):
+        raise UpstreamFormatError(f"upstream error: {body['error'].get('message', body['error'])}")
+    choices = body.get("choices")
+    if not isinstance(choices, list):
+        raise UpstreamFormatError("upstream body has no choices list")
+    if not choices:
+        return None  # the usage-only chunk at the end of a stream
+    if not isinstance(choices[0], Mapping):
+        raise UpstreamFormatError("upstream choice is not an object")
+    return choices[0]
+
+
+def _usage(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    usage = body.get("usage")
+    return usage if isinstance(usage, dict) else None
+
+
+def _logprobs_or_fail(parse, *args: Any) -> list[Token]:
+    try:
+        return parse(*args).tokens
+    except LogprobParseError as exc:
+        raise UpstreamFormatError(f"upstream logprobs unreadable: {exc}") from None
+
+
+def _text_bound(options: ParseOptions, streaming: bool, text: str) -> str | None:
+    # A whole response's text bounds lossy tokens; a chunk's text may lag its tokens (held bytes).
+    return None if streaming or options.vocab is not None else text
+
+
+def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool) -> Step:
+    """A chat completion (or chunk) -> Step."""
+    choice = _choice(body)
+    if choice is None:
+        return Step(usage=_usage(body))
+    container = choice.get("delta" if streaming else "message") or {}
+    text = container.get("content") or ""
+    if not isinstance(text, str):
+        raise UpstreamFormatError("upstream content is not a string")
+    logprobs = choice.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
+    tokens = _logprobs_or_fail(parse_chat, content, options, _text_bound(options, streaming, text))
+    return Step(text, tokens, choice.get("finish_reason"), _usage(body))
+
+
+def completions_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool,
+                     echoed_prompt: str | None = None, chat_shaped: bool = False) -> Step:
+    """A completion (or chunk) -> Step. With `echoed_prompt` (non-streamed echo), the prompt's
+    text and tokens come first in the body and are split off into the Step's prompt fields."""
+    choice = _choice(body)
+    if choice is None:
+        return Step(usage=_usage(body))
+    text = choice.get("text") or ""
+    if not isinstance(text, str):
+        raise UpstreamFormatError("upstream text is not a string")
+    logprobs = choice.get("logprobs")
+    tokens: list[Token] = []
+    if isinstance(logprobs, Mapping):
+        bound = _text_bound(options, streaming, text)
+        if chat_shaped:
+            tokens = _logprobs_or_fail(parse_chat, logprobs.get("content"), options, bound)
+        else:
+            tokens = _logprobs_or_fail(parse_completions, logprobs, options, bound)
+    step = Step(text, tokens, choice.get("finish_reason"), _usage(body))
+    if echoed_prompt is not None:
+        _split_echo(step, echoed_prompt)
+    return step
+
+
+def _split_echo(step: Step, prompt: str) -> None:
+    if not step.text.startswith(prompt):
+        raise UpstreamFormatError("echoed text does not start with the prompt")
+    count = (step.usage or {}).get("prompt_tokens")
+    if not isinstance(count, int) or count > len(step.tokens):
+        raise UpstreamFormatError("echo without a usable usage.prompt_tokens")
+    step.prompt_text, step.text = prompt, step.text[len(prompt):]
+    step.prompt_tokens, step.tokens = step.tokens[:count], step.tokens[count:]
+
+
+def error_message(body: Any, status: int) -> str:
+    """An error body (`{"error": {"message"}}`, `{"error": "text"}` (TGI), `{"message"}`) -> text."""
+    if isinstance(body, Mapping):
+        error = body.get("error")
+        if isinstance(error, Mapping) and isinstance(error.get("message"), str):
+            return error["message"]
+        if isinstance(error, str):
+            return error
+        if isinstance(body.get("message"), str):
+            return body["message"]
+        if isinstance(body.get("detail"), str):
+            return body["detail"]
+    return f"upstream answered HTTP {status}"
+
+
+# --- requests -----------------------------------------------------------------------------------
+
+
+def requested_top_logprobs(flavor: Flavor, k: int, cap: int) -> int:
+    """A server that forces the sampled token into a list of k is asked for k+1 (never over its cap)."""
+    if k <= 0:
+        return 0
+    return min(k + 1, cap) if flavor.sampled_first else k
+
+
+def check_cap(gen: Generation, cap: int, param: str) -> None:
+    if gen.logprobs and gen.top_k_logprobs > cap:
+        raise unsupported(f"This upstream returns at most {cap} alternatives per token; "
+                          f"{gen.top_k_logprobs} were asked for.", param)
+
+
+def chat_call(flavor: Flavor, gen: Generation, upstream_model: str, *, cap: int, token_ids: bool,
+              param: str) -> UpstreamCall:
+    """Chat: logprobs always on, so every token's bytes can be reconstructed."""
+    check_cap(gen, cap, param)
+    if gen.echo_prompt and gen.logprobs:
+        raise unsupported("Prompt logprobs (echo) need a completions upstream that scores prompts.", "echo")
+    messages = gen.messages if gen.messages is not None else [{"role": "user", "content": gen.prompt}]
+    body: dict[str, Any] = {
+        **gen.extensions,
+        "model": upstream_model,
+        "messages": messages,
+        "logprobs": True,
+        "top_logprobs": requested_top_logprobs(flavor, gen.top_k_logprobs, cap),
+        "stream": gen.stream,
+        **gen.sampling(),
+    }
+    if flavor.token_id_placeholders:
+        body["return_tokens_as_token_ids"] = token_ids
+    if gen.max_tokens is not None:
+        body["max_tokens"] = gen.max_tokens
+    if gen.stream:
+        body["stream_options"] = {"include_usage": True}
+    return UpstreamCall("/v1/chat/completions", body, chat_step)
+
+
+def completions_call(flavor: Flavor, gen: Generation, upstream_model: str, prompt: str, *, cap: int,
+                     token_ids: bool, param: str) -> UpstreamCall:
+    """Completions for a prompt (given, or rendered from the chat template)."""
+    if not flavor.completions_logprobs:
+        raise unsupported(f"{flavor.name}'s /v1/completions returns no logprobs; use another api.", param)
+    check_cap(gen, cap, param)
+    k = gen.top_k_logprobs
+    body: dict[str, Any] = {
+        **gen.extensions,
+        "model": upstream_model,
+        "prompt": prompt,
+        "stream": gen.stream,
+        # Legacy completions defaults to 16 tokens; no cap from the client means none upstream.
+        "max_tokens": gen.max_tokens,
+        **gen.sampling(),
+    }
+    if flavor.chat_shaped_completions:
+        body.update(logprobs=True, top_logprobs=k)
+    else:
+        # The completions dict holds the sampled token *plus* the top k, so k is enough here.
+        body["logprobs"] = k
+    if flavor.token_id_placeholders:
+        body["return_tokens_as_token_ids"] = token_ids
+    parse = functools.partial(completions_step, chat_shaped=flavor.chat_shaped_completions)
+    if gen.echo_prompt and gen.logprobs:
+        if not flavor.prompt_logprobs:
+            raise unsupported(f"{flavor.name} cannot score the prompt (echo with logprobs).", "echo")
+        if gen.stream:
+            raise unsupported("Streamed prompt logprobs (echo with logprobs) are not supported yet.", "echo")
+        body["echo"] = True
+        parse = functools.partial(completions_step, echoed_prompt=prompt, chat_shaped=flavor.chat_shaped_completions)
+    if gen.stream:
+        body["stream_options"] = {"include_usage": True}
+    return UpstreamCall("/v1/completions", body, parse)
