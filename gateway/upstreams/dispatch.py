@@ -33,6 +33,10 @@ def build_call(route: Route, gen: Generation, k_param: str) -> UpstreamCall:
     token_ids = route.vocab is not None
     if upstream.api == "chat":
         return chat_call(flavor, gen, route.upstream_model, cap=cap, token_ids=token_ids, param=k_param)
+    if upstream.api == "generate":
+        if upstream.dialect == "tgi":
+            return tgi.generate_call(gen, prompt_for(route, gen), cap=cap, param=k_param)
+        return sglang.generate_call(gen, prompt_for(route, gen), cap=cap, param=k_param)
     return completions_call(flavor, gen, route.upstream_model, prompt_for(route, gen), cap=cap,
                             token_ids=token_ids, param=k_param)
 

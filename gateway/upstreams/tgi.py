@@ -1,4 +1,4 @@
-"""Text Generation Inference: native `/generate` details -> canonical tokens.
+"""Text Generation Inference: the Messages API flavor and the native `/generate` API.
 
 TGI's `details.tokens[]` are `{id, text, logprob, special}`: ids are exact when the model's
 tokenizer is configured; without it the text is incrementally decoded (`""` on the first tokens of
@@ -7,12 +7,15 @@ a split character, the whole character on the completing one), so we align again
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.parse import LogprobParseError, Parsed, ParseOptions, parse_chat
-from gateway.upstreams.openai_compatible import Flavor
+from gateway.translate.generation import Generation
+from gateway.upstreams.base import Step, UpstreamCall, UpstreamFormatError, unsupported
+from gateway.upstreams.openai_compatible import Flavor, check_cap
 
 # The Messages API (/v1/chat/completions): no `bytes`, no ids; `""` on the first tokens of a split
 # character. Its /v1/completions never returns logprobs.
@@ -56,3 +59,67 @@ def parse_generate_details(body: Mapping[str, Any], options: ParseOptions) -> tu
             generated = text[len(text) - len(spelled):]
             return generated, parse_chat(entries, options, generated)
         raise
+
+
+# --- native /generate and /generate_stream ---------------------------------------------------------
+
+
+def _finish(reason: Any) -> str | None:
+    """TGI's `eos_token` / `stop_sequence` / `length` -> OpenAI's words."""
+    if reason is None:
+        return None
+    return "length" if reason == "length" else "stop"
+
+
+def _usage(options: ParseOptions, prompt: str, generated_tokens: Any) -> dict[str, Any]:
+    # TGI reports no prompt token count; the model's tokenizer, when configured, can count it.
+    prompt_tokens = len(options.vocab.encode(prompt)) if options.vocab is not None else 0
+    completion = generated_tokens if isinstance(generated_tokens, int) else 0
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion}
+
+
+def generate_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool, prompt: str) -> Step:
+    """A `/generate` body, or one `/generate_stream` event (one token each), -> Step."""
+    if isinstance(body.get("error"), str):
+        raise UpstreamFormatError(f"upstream error: {body['error']}")
+    try:
+        if not streaming:
+            text, parsed = parse_generate_details(body, options)
+            details = body["details"]
+            return Step(text, parsed.tokens, _finish(details.get("finish_reason")),
+                        _usage(options, prompt, details.get("generated_tokens")))
+        token = body.get("token")
+        if not isinstance(token, Mapping):
+            raise UpstreamFormatError("TGI stream event has no token")
+        top = body.get("top_tokens")
+        entries = _as_chat_entries([token], [top] if isinstance(top, list) else None, options.vocab is not None)
+        tokens = parse_chat(entries, options).tokens
+    except LogprobParseError as exc:
+        raise UpstreamFormatError(f"upstream logprobs unreadable: {exc}") from None
+    details = body.get("details")
+    finish = _finish(details.get("finish_reason")) if isinstance(details, Mapping) else None
+    usage = _usage(options, prompt, details.get("generated_tokens")) if isinstance(details, Mapping) else None
+    text = "" if token.get("special") else token.get("text") or ""
+    return Step(text, tokens, finish, usage)
+
+
+def generate_call(gen: Generation, prompt: str, *, cap: int, param: str) -> UpstreamCall:
+    """TGI's native API: the only TGI route with token ids, so bytes are exact with a tokenizer."""
+    check_cap(gen, cap, param)
+    if gen.echo_prompt and gen.logprobs:
+        raise unsupported("Prompt logprobs through TGI's native API are not supported yet.", "echo")
+    parameters: dict[str, Any] = {"details": True, "return_full_text": False, **gen.extensions}
+    if gen.top_k_logprobs:
+        parameters["top_n_tokens"] = gen.top_k_logprobs
+    if gen.max_tokens is not None:
+        parameters["max_new_tokens"] = gen.max_tokens
+    if gen.temperature:  # TGI refuses 0: greedy is its default without sampling
+        parameters.update(temperature=gen.temperature, do_sample=True)
+    if gen.top_p is not None and 0 < gen.top_p < 1:  # TGI accepts only 0 < top_p < 1
+        parameters["top_p"] = gen.top_p
+    if gen.stop:
+        parameters["stop"] = gen.stop
+    path = "/generate_stream" if gen.stream else "/generate"
+    return UpstreamCall(path, {"inputs": prompt, "parameters": parameters},
+                        functools.partial(generate_step, prompt=prompt))
