@@ -117,25 +117,31 @@ def _include_usage(body: dict[str, Any]) -> bool:
 async def create_response(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
     gen = generation_from_responses(body)
-    return await _serve(request, gen, ResponsesFront(_responses_settings(body, gen)), RESPONSES_FRAMING,
+    settings = _responses_settings(body, gen)
+    return await _serve(request, gen, lambda route: ResponsesFront(settings, route.vocab), RESPONSES_FRAMING,
                         "top_logprobs")
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
     gen = generation_from_chat(body)
-    return await _serve(request, gen, ChatFront(gen, _include_usage(body)), OPENAI_CHUNK_FRAMING, "top_logprobs")
+    usage = _include_usage(body)
+    return await _serve(request, gen, lambda route: ChatFront(gen, usage, route.vocab), OPENAI_CHUNK_FRAMING,
+                        "top_logprobs")
 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
     gen = generation_from_completions(body)
-    return await _serve(request, gen, CompletionsFront(gen, _include_usage(body)), OPENAI_CHUNK_FRAMING, "logprobs")
+    usage = _include_usage(body)
+    return await _serve(request, gen, lambda route: CompletionsFront(gen, usage, route.vocab), OPENAI_CHUNK_FRAMING,
+                        "logprobs")
 
 
-async def _serve(request: web.Request, gen: Generation, front: FrontTranslator, framing: _Framing,
-                 k_param: str) -> web.StreamResponse:
+async def _serve(request: web.Request, gen: Generation, make_front: Callable[[Route], FrontTranslator],
+                 framing: _Framing, k_param: str) -> web.StreamResponse:
     route = _route(request, gen.model)
+    front = make_front(route)
     call = build_call(route, gen, k_param)
     options = parse_options(route)
     upstream = await _open_upstream(request, route, call)

@@ -12,6 +12,7 @@ from typing import Any
 
 from gateway.logprobs.render import render_chat
 from gateway.logprobs.tokens import Token
+from gateway.logprobs.vocab import Vocab
 from gateway.translate.grouping import TextGrouper
 from gateway.translate.response_object import new_id
 
@@ -32,14 +33,15 @@ def normalize_finish(reason: str | None) -> str:
 
 class ChatStream:
     def __init__(self, model: str, *, logprobs: bool, top_logprobs: int, include_usage: bool = False,
-                 completion_id: str | None = None, created: int | None = None) -> None:
+                 completion_id: str | None = None, created: int | None = None,
+                 vocab: Vocab | None = None) -> None:
         self.model = model
         self.logprobs = logprobs
         self.k = top_logprobs
         self.include_usage = include_usage
         self.id = completion_id or new_id("chatcmpl")
         self.created = created if created is not None else int(time.time())
-        self._grouper = TextGrouper()
+        self._grouper = TextGrouper(vocab)
         self._text: list[str] = []
         self._entries: list[dict[str, Any]] = []
 

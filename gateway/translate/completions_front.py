@@ -12,6 +12,7 @@ from typing import Any
 
 from gateway.logprobs.render import render_completions
 from gateway.logprobs.tokens import Token
+from gateway.logprobs.vocab import Vocab
 from gateway.translate.chat_front import chat_usage, normalize_finish
 from gateway.translate.grouping import TextGrouper
 from gateway.translate.response_object import new_id
@@ -25,13 +26,13 @@ def _merge(into: dict[str, list[Any]], part: dict[str, list[Any]]) -> None:
 class CompletionsStream:
     def __init__(self, model: str, *, logprobs: int | None, include_usage: bool = False,
                  echo_text: str = "", completion_id: str | None = None,
-                 created: int | None = None) -> None:
+                 created: int | None = None, vocab: Vocab | None = None) -> None:
         self.model = model
         self.k = logprobs
         self.include_usage = include_usage
         self.id = completion_id or new_id("cmpl")
         self.created = created if created is not None else int(time.time())
-        self._grouper = TextGrouper()
+        self._grouper = TextGrouper(vocab)
         self._text: list[str] = []
         self._chars = 0
         self._logprobs: dict[str, list[Any]] = {}

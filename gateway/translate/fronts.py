@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from gateway.logprobs.tokens import Token
+from gateway.logprobs.vocab import Vocab
 from gateway.translate.chat_front import ChatStream
 from gateway.translate.completions_front import CompletionsStream
 from gateway.translate.generation import Generation
@@ -41,8 +42,8 @@ def error_payload(message: str) -> dict[str, Any]:
 
 
 class ResponsesFront:
-    def __init__(self, settings: ResponseSettings) -> None:
-        self.stream = ResponsesStream(settings)
+    def __init__(self, settings: ResponseSettings, vocab: Vocab | None = None) -> None:
+        self.stream = ResponsesStream(settings, vocab=vocab)
 
     def start(self) -> list[dict[str, Any]]:
         return self.stream.start()
@@ -64,9 +65,9 @@ class ResponsesFront:
 
 
 class ChatFront:
-    def __init__(self, gen: Generation, include_usage: bool) -> None:
+    def __init__(self, gen: Generation, include_usage: bool, vocab: Vocab | None = None) -> None:
         self.stream = ChatStream(gen.model, logprobs=gen.logprobs, top_logprobs=gen.top_k_logprobs,
-                                 include_usage=include_usage)
+                                 include_usage=include_usage, vocab=vocab)
 
     def start(self) -> list[dict[str, Any]]:
         return self.stream.start()
@@ -88,11 +89,11 @@ class ChatFront:
 
 
 class CompletionsFront:
-    def __init__(self, gen: Generation, include_usage: bool) -> None:
+    def __init__(self, gen: Generation, include_usage: bool, vocab: Vocab | None = None) -> None:
         # Echo without logprobs needs nothing from the upstream: the gateway prepends the prompt.
         echo_text = (gen.prompt or "") if gen.echo_prompt and not gen.logprobs else ""
         self.stream = CompletionsStream(gen.model, logprobs=gen.top_k_logprobs if gen.logprobs else None,
-                                        include_usage=include_usage, echo_text=echo_text)
+                                        include_usage=include_usage, echo_text=echo_text, vocab=vocab)
 
     def start(self) -> list[dict[str, Any]]:
         return self.stream.start()

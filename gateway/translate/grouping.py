@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from gateway.logprobs.realign import realign
 from gateway.logprobs.tokens import Origin, Token
+from gateway.logprobs.vocab import Vocab
 
 Group = tuple[str, list[Token]]
 
 
 class TextGrouper:
-    def __init__(self) -> None:
+    def __init__(self, vocab: Vocab | None = None) -> None:
+        self._vocab = vocab
         self._pending: list[Token] = []
         self._pending_bytes = bytearray()
         self._upstream_text = ""
@@ -33,9 +36,9 @@ class TextGrouper:
             self._held += [t for t in tokens if not t.special]
             if not upstream_text:
                 return []
-            group = (upstream_text, self._held)
+            tokens_for_text, _ = realign(self._held, upstream_text, self._vocab)
             self._held = []
-            return [group]
+            return [(upstream_text, tokens_for_text)]
         groups: list[Group] = []
         for token in tokens:
             if token.special:

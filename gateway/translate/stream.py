@@ -18,6 +18,7 @@ from typing import Any
 
 from gateway.logprobs.render import render_responses_entry
 from gateway.logprobs.tokens import Token
+from gateway.logprobs.vocab import Vocab
 from gateway.translate.grouping import TextGrouper
 from gateway.translate.response_object import (
     ResponseSettings,
@@ -33,7 +34,7 @@ class ResponsesStream:
     """One Responses stream (or non-streamed Response), built token by token."""
 
     def __init__(self, settings: ResponseSettings, *, response_id: str | None = None,
-                 created_at: int | None = None) -> None:
+                 created_at: int | None = None, vocab: Vocab | None = None) -> None:
         self.settings = settings
         self.response_id = response_id or new_id("resp")
         self.message_id = new_id("msg")
@@ -41,7 +42,7 @@ class ResponsesStream:
         self._sequence = 0
         self._text: list[str] = []
         self._logprobs: list[dict[str, Any]] = []
-        self._grouper = TextGrouper()
+        self._grouper = TextGrouper(vocab)
         self._message_open = False
         self.finished = False
 

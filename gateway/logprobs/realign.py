@@ -1,0 +1,45 @@
+"""Re-align a run of already-parsed tokens against the text they arrived with (streaming).
+
+A stream without token ids (TGI chat, SGLang chat, vLLM without a tokenizer) cannot align a chunk
+against the final text, which does not exist yet; but each text delta bounds the tokens that came
+with it. Lossy tokens keep their upstream string as their best-guess bytes, so it can be read back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from gateway.logprobs.align import AlignmentError, Piece, align
+from gateway.logprobs.tokens import Origin, Token
+from gateway.logprobs.vocab import Vocab
+
+
+def _piece(token: Token) -> Piece:
+    if token.origin in (Origin.AMBIGUOUS, Origin.TEXT):
+        return Piece(token.bytes.decode("utf-8", errors="replace"))
+    return Piece(exact=token.bytes)
+
+
+def realign(tokens: Sequence[Token], text: str, vocab: Vocab | None = None) -> tuple[list[Token], int]:
+    """Tokens with bytes re-cut to tile `text`; returns them and how many stay ambiguous.
+
+    If no tiling fits, the tokens are returned unchanged and all lossy ones count as ambiguous.
+    """
+    lossy = [t for t in tokens if t.origin is Origin.AMBIGUOUS]
+    if not lossy:
+        return list(tokens), 0
+    try:
+        alignment = align([_piece(t) for t in tokens], text.encode(), vocab)
+    except AlignmentError:
+        return list(tokens), len(lossy)
+    out = []
+    for index, (token, span) in enumerate(zip(tokens, alignment.spans, strict=True)):
+        if index in alignment.ambiguous:
+            origin = Origin.AMBIGUOUS
+        elif token.origin in (Origin.AMBIGUOUS, Origin.TEXT) and span != token.bytes:
+            origin = Origin.ALIGNED
+        else:
+            origin = Origin.ALIGNED if token.origin is Origin.AMBIGUOUS else token.origin
+        out.append(replace(token, bytes=span, origin=origin))
+    return out, len(alignment.ambiguous)
