@@ -8,6 +8,7 @@ from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.logprobs.parse import ParseOptions
+from gateway.logprobs.report import TranslationReport
 from gateway.logprobs.tokens import Token
 
 
@@ -28,6 +29,7 @@ class Step:
     usage: dict[str, Any] | None = None
     prompt_text: str | None = None
     prompt_tokens: list[Token] | None = None
+    report: TranslationReport | None = None  # what parsing had to repair (for metrics)
 
 
 StepParser = Callable[[Mapping[str, Any], ParseOptions, bool], Step]

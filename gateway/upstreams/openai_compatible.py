@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.logprobs.parse import LogprobParseError, ParseOptions, parse_chat, parse_completions
-from gateway.logprobs.tokens import Token
+from gateway.logprobs.parse import LogprobParseError, Parsed, ParseOptions, parse_chat, parse_completions
 from gateway.translate.generation import Generation
 from gateway.upstreams.base import Step, UpstreamCall, UpstreamFormatError, unsupported
 
@@ -65,9 +64,9 @@ def _usage(body: Mapping[str, Any]) -> dict[str, Any] | None:
     return usage if isinstance(usage, dict) else None
 
 
-def _logprobs_or_fail(parse, *args: Any) -> list[Token]:
+def _logprobs_or_fail(parse, *args: Any) -> Parsed:
     try:
-        return parse(*args).tokens
+        return parse(*args)
     except LogprobParseError as exc:
         raise UpstreamFormatError(f"upstream logprobs unreadable: {exc}") from None
 
@@ -88,8 +87,8 @@ def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool
         raise UpstreamFormatError("upstream content is not a string")
     logprobs = choice.get("logprobs")
     content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
-    tokens = _logprobs_or_fail(parse_chat, content, options, _text_bound(options, streaming, text))
-    return Step(text, tokens, choice.get("finish_reason"), _usage(body))
+    parsed = _logprobs_or_fail(parse_chat, content, options, _text_bound(options, streaming, text))
+    return Step(text, parsed.tokens, choice.get("finish_reason"), _usage(body), report=parsed.report)
 
 
 def completions_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool,
@@ -103,14 +102,14 @@ def completions_step(body: Mapping[str, Any], options: ParseOptions, *, streamin
     if not isinstance(text, str):
         raise UpstreamFormatError("upstream text is not a string")
     logprobs = choice.get("logprobs")
-    tokens: list[Token] = []
+    parsed = Parsed([])
     if isinstance(logprobs, Mapping):
         bound = _text_bound(options, streaming, text)
         if chat_shaped:
-            tokens = _logprobs_or_fail(parse_chat, logprobs.get("content"), options, bound)
+            parsed = _logprobs_or_fail(parse_chat, logprobs.get("content"), options, bound)
         else:
-            tokens = _logprobs_or_fail(parse_completions, logprobs, options, bound)
-    step = Step(text, tokens, choice.get("finish_reason"), _usage(body))
+            parsed = _logprobs_or_fail(parse_completions, logprobs, options, bound)
+    step = Step(text, parsed.tokens, choice.get("finish_reason"), _usage(body), report=parsed.report)
     if echoed_prompt is not None:
         _split_echo(step, echoed_prompt)
     return step
