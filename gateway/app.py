@@ -1,16 +1,19 @@
-"""The aiohttp application: routes, the error middleware, and the upstream I/O around the pure core.
+"""The aiohttp application: routes, middlewares, and the upstream I/O around the pure core.
 
 Every front door (responses, chat, completions) runs the same loop: validate into a Generation,
-build the route's upstream call, then feed upstream steps to the front door's translator.
+build the route's upstream call, pick a replica (retrying another before the first byte reaches
+the client), then feed upstream steps to the front door's translator.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -21,59 +24,54 @@ from gateway.config import Config
 from gateway.errors import GatewayError, bad_request, upstream_error, upstream_timeout
 from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.parse import ParseOptions
+from gateway.metrics import Metrics
+from gateway.middleware import (
+    REQUEST_ID_HEADER,
+    auth_middleware_factory,
+    draining_middleware_factory,
+    error_middleware_factory,
+    json_response,
+    load_api_keys,
+    request_context,
+)
+from gateway.playground import add_playground
+from gateway.replicas import NoReplicaAvailable, Replica, probe_forever
 from gateway.routing import Route, build_routes
 from gateway.sse import data_payloads, encode_event
-from gateway.translate.front_doors import generation_from_chat, generation_from_completions, generation_from_responses
+from gateway.stored_routes import add_stored_routes, begin_turn
+from gateway.translate.front_doors import (
+    generation_from_chat,
+    generation_from_completions,
+    generation_from_responses,
+    responses_settings,
+)
 from gateway.translate.fronts import ChatFront, CompletionsFront, FrontTranslator, ResponsesFront
 from gateway.translate.generation import Generation
-from gateway.translate.response_object import ResponseSettings
-from gateway.upstreams.base import UpstreamCall, UpstreamFormatError
+from gateway.upstreams.base import Step, UpstreamCall, UpstreamFormatError
 from gateway.upstreams.dispatch import build_call, parse_options
 from gateway.upstreams.openai_compatible import error_message
 
 log = logging.getLogger("responses_gateway")
 
-CONFIG_KEY = web.AppKey("config", Config)
-ROUTES_KEY = web.AppKey("routes", dict)
-SESSION_KEY = web.AppKey("session", aiohttp.ClientSession)
-STARTED_KEY = web.AppKey("started_at", int)
+
+@dataclass
+class GatewayState:
+    """Everything the handlers share: config, routes, the client session, metrics, lifecycle."""
+
+    config: Config
+    routes: dict[str, Route]
+    metrics: Metrics = field(default_factory=Metrics)
+    session: aiohttp.ClientSession | None = None
+    draining: bool = False
+    in_flight: int = 0
+    started_at: int = field(default_factory=lambda: int(time.time()))
+    probes: list[asyncio.Task] = field(default_factory=list)
 
 
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+STATE = web.AppKey("gateway_state", GatewayState)
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                           ) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except GatewayError as exc:
-        return _json(exc.body(), exc.status)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        code = "not_found" if exc.status == 404 else None
-        return _json({"error": {"message": exc.reason, "type": "invalid_request_error", "param": None,
-                                "code": code}}, exc.status)
-
-
-async def _read_json(request: web.Request) -> dict[str, Any]:
-    try:
-        body = orjson.loads(await request.read())
-    except orjson.JSONDecodeError as exc:
-        raise bad_request(f"We could not parse the JSON body of your request: {exc}", None, "invalid_json") from None
-    if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.", None, "invalid_type")
-    return body
-
-
-def _route(request: web.Request, model: str) -> Route:
-    route = request.app[ROUTES_KEY].get(model)
-    if route is None:
-        raise GatewayError(404, f"The model `{model}` does not exist or you do not have access to it.",
-                           code="model_not_found")
-    return route
+# --- front doors -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,18 +93,14 @@ RESPONSES_FRAMING = _Framing(named_events=True)
 OPENAI_CHUNK_FRAMING = _Framing(named_events=False)
 
 
-def _responses_settings(body: dict[str, Any], gen: Generation) -> ResponseSettings:
-    return ResponseSettings(
-        model=body["model"],
-        instructions=body.get("instructions"),
-        max_output_tokens=body.get("max_output_tokens"),
-        temperature=body.get("temperature") if body.get("temperature") is not None else 1.0,
-        top_p=body.get("top_p") if body.get("top_p") is not None else 1.0,
-        top_logprobs=gen.top_k_logprobs,
-        metadata=body.get("metadata") or {},
-        user=body.get("user"),
-        include_logprobs=gen.logprobs,
-    )
+async def _read_json(request: web.Request) -> dict[str, Any]:
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"We could not parse the JSON body of your request: {exc}", None, "invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.", None, "invalid_type")
+    return body
 
 
 def _include_usage(body: dict[str, Any]) -> bool:
@@ -116,55 +110,183 @@ def _include_usage(body: dict[str, Any]) -> bool:
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
-    gen = generation_from_responses(body)
-    settings = _responses_settings(body, gen)
-    return await _serve(request, gen, lambda route: ResponsesFront(settings, route.vocab), RESPONSES_FRAMING,
-                        "top_logprobs")
+    turn = await begin_turn(request.app, body)  # previous_response_id's history, from the store
+    gen = generation_from_responses(body, turn.history)
+    settings = turn.settings(responses_settings(body, gen))
+    return await _serve(request, "responses", gen, lambda route: turn.track(ResponsesFront(settings, route.vocab)),
+                        RESPONSES_FRAMING, "top_logprobs", on_final=turn.save)
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
     gen = generation_from_chat(body)
     usage = _include_usage(body)
-    return await _serve(request, gen, lambda route: ChatFront(gen, usage, route.vocab), OPENAI_CHUNK_FRAMING,
-                        "top_logprobs")
+    return await _serve(request, "chat", gen, lambda route: ChatFront(gen, usage, route.vocab),
+                        OPENAI_CHUNK_FRAMING, "top_logprobs")
 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
     gen = generation_from_completions(body)
     usage = _include_usage(body)
-    return await _serve(request, gen, lambda route: CompletionsFront(gen, usage, route.vocab), OPENAI_CHUNK_FRAMING,
-                        "logprobs")
+    return await _serve(request, "completions", gen, lambda route: CompletionsFront(gen, usage, route.vocab),
+                        OPENAI_CHUNK_FRAMING, "logprobs")
 
 
-async def _serve(request: web.Request, gen: Generation, make_front: Callable[[Route], FrontTranslator],
-                 framing: _Framing, k_param: str) -> web.StreamResponse:
-    route = _route(request, gen.model)
-    front = make_front(route)
-    call = build_call(route, gen, k_param)
-    options = parse_options(route)
-    upstream = await _open_upstream(request, route, call)
-    if not gen.stream:
-        return await _complete(route, upstream, call, front, options)
-    return await _stream(request, route, upstream, call, front, framing, options)
+# --- the serving loop ------------------------------------------------------------------------------
 
 
-async def _open_upstream(request: web.Request, route: Route, call: UpstreamCall) -> aiohttp.ClientResponse:
-    """POST upstream and wait for its headers; errors before the first byte become 502/504."""
-    session = request.app[SESSION_KEY]
+@dataclass(slots=True)
+class _Exchange:
+    """One request's bookkeeping: labels for metrics and the access log."""
+
+    route: Route
+    front_door: str
+    stream: bool
+    started: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    step_usage: dict[str, Any] | None = None
+    # Awaited once the final output exists, before the client gets it (the response store saves here).
+    on_final: Callable[[], Awaitable[None]] | None = None
+
+    def labels(self) -> tuple[str, str, str, str]:
+        return (self.route.model, self.route.upstream_name, self.front_door, str(self.stream).lower())
+
+
+def _route(state: GatewayState, model: str) -> Route:
+    route = state.routes.get(model)
+    if route is None:
+        raise GatewayError(404, f"The model `{model}` does not exist or you do not have access to it.",
+                           code="model_not_found")
+    return route
+
+
+async def _serve(request: web.Request, front_door: str, gen: Generation,
+                 make_front: Callable[[Route], FrontTranslator], framing: _Framing, k_param: str,
+                 on_final: Callable[[], Awaitable[None]] | None = None) -> web.StreamResponse:
+    state = request.app[STATE]
+    route = _route(state, gen.model)
+    try:
+        call = build_call(route, gen, k_param)
+    except GatewayError as exc:
+        if exc.code == "unsupported_parameter":
+            state.metrics.refused.labels(route.model, front_door, exc.param or "").inc()
+        raise
+    exchange = _Exchange(route, front_door, gen.stream, on_final=on_final)
+    request["log"].update(model=route.model, upstream=route.upstream_name, stream=gen.stream)
+    state.metrics.in_flight.labels(front_door).inc()
+    state.in_flight += 1
+    status = "error"
+    try:
+        response = await _serve_on_replicas(request, state, exchange, call, make_front(route), framing)
+        status = str(response.status)
+        return response
+    except GatewayError as exc:
+        status = str(exc.status)
+        raise
+    finally:
+        state.in_flight -= 1
+        state.metrics.in_flight.labels(front_door).dec()
+        _record(state, exchange, status, request)
+
+
+def _record(state: GatewayState, exchange: _Exchange, status: str, request: web.Request) -> None:
+    metrics = state.metrics
+    labels = exchange.labels()
+    elapsed = time.perf_counter() - exchange.started
+    metrics.requests.labels(*labels, status).inc()
+    metrics.duration.labels(*labels).observe(elapsed)
+    if exchange.first_token_at is not None:
+        ttft = exchange.first_token_at - exchange.started
+        metrics.ttft.labels(*labels).observe(ttft)
+        request["log"]["ttft_ms"] = round(ttft * 1000, 2)
+    usage = exchange.step_usage or {}
+    prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+    model, upstream = exchange.route.model, exchange.route.upstream_name
+    if prompt:
+        metrics.tokens.labels(model, upstream, "in").inc(prompt)
+    if completion:
+        metrics.tokens.labels(model, upstream, "out").inc(completion)
+        if exchange.first_token_at is not None and completion > 1:
+            per_token = (time.perf_counter() - exchange.first_token_at) / (completion - 1)
+            metrics.per_token.labels(model, upstream).observe(per_token)
+    request["log"].update(input_tokens=prompt, output_tokens=completion)
+
+
+class _Retryable(Exception):
+    """An upstream fault before any byte reached the client: another replica may serve it."""
+
+    def __init__(self, error: GatewayError, kind: str) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.kind = kind
+
+
+async def _serve_on_replicas(request: web.Request, state: GatewayState, exchange: _Exchange, call: UpstreamCall,
+                             front: FrontTranslator, framing: _Framing) -> web.StreamResponse:
+    route = exchange.route
+    tried: set[str] = set()
+    last: _Retryable | None = None
+    for _ in range(route.upstream.retries + 1):
+        try:
+            replica = route.replicas.choose(exclude=tried)
+        except NoReplicaAvailable:
+            break
+        tried.add(replica.url)
+        with route.replicas.in_flight(replica):
+            try:
+                upstream = await _open_upstream(request, state, route, replica, call)
+            except _Retryable as exc:
+                route.replicas.failed(replica)
+                state.metrics.upstream_errors.labels(route.upstream_name, replica.url, exc.kind).inc()
+                last = exc
+                continue
+            options = parse_options(route)
+            if not exchange.stream:
+                response = await _complete(state, exchange, replica, upstream, call, front, options)
+            else:
+                response = await _stream(request, state, exchange, replica, upstream, call, front, framing, options)
+            return response
+    if last is not None:
+        raise last.error
+    raise GatewayError(503, f"No replica of upstream {route.upstream_name!r} is available (all are cooling down "
+                            "or failing health checks).", type_="server_error", code="upstream_unavailable")
+
+
+def _upstream_headers(request: web.Request, route: Route, config: Config) -> dict[str, str]:
+    """Only what we choose goes upstream: the request id, the upstream's own credential, and an
+    explicit allow-list; the client's key only when configured."""
+    headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: request["request_id"]}
+    for name in route.upstream.forward_headers:
+        if name in request.headers and name.lower() != "authorization":
+            headers[name] = request.headers[name]
+    if route.upstream.api_key_env and os.environ.get(route.upstream.api_key_env):
+        headers["Authorization"] = f"Bearer {os.environ[route.upstream.api_key_env]}"
+    elif config.auth.forward_client_key and "Authorization" in request.headers:
+        headers["Authorization"] = request.headers["Authorization"]
+    return headers
+
+
+async def _open_upstream(request: web.Request, state: GatewayState, route: Route, replica: Replica,
+                         call: UpstreamCall) -> aiohttp.ClientResponse:
+    """POST upstream and wait for its headers. Faults here are retryable (nothing was sent yet)."""
+    assert state.session is not None
     timeouts = route.upstream.timeouts
     timeout = aiohttp.ClientTimeout(total=timeouts.total, connect=timeouts.connect, sock_read=timeouts.idle)
-    url = route.next_url() + call.path
+    started = time.perf_counter()
+    name = route.upstream_name
     try:
         async with asyncio.timeout(timeouts.first_token):
-            response = await session.post(url, data=orjson.dumps(call.body), timeout=timeout,
-                                          headers={"Content-Type": "application/json"})
+            headers = _upstream_headers(request, route, state.config)
+            response = await state.session.post(replica.url + call.path, data=orjson.dumps(call.body),
+                                                timeout=timeout, headers=headers)
     except TimeoutError:
-        raise upstream_timeout(f"upstream {route.upstream_name!r} did not answer within "
-                               f"{timeouts.first_token:g}s") from None
+        raise _Retryable(upstream_timeout(f"upstream {name!r} did not answer within {timeouts.first_token:g}s"),
+                         "timeout") from None
     except aiohttp.ClientError as exc:
-        raise upstream_error(f"upstream {route.upstream_name!r} is unreachable: {type(exc).__name__}") from None
+        raise _Retryable(upstream_error(f"upstream {name!r} is unreachable: {type(exc).__name__}"),
+                         "connect") from None
+    state.metrics.upstream_latency.labels(name, replica.url).observe(time.perf_counter() - started)
     if response.status >= 400:
         try:
             detail = error_message(await response.json(content_type=None), response.status)
@@ -172,54 +294,85 @@ async def _open_upstream(request: web.Request, route: Route, call: UpstreamCall)
             detail = f"upstream answered HTTP {response.status}"
         finally:
             response.release()
-        raise upstream_error(f"upstream {route.upstream_name!r} refused the request: {detail}")
+        error = upstream_error(f"upstream {name!r} refused the request: {detail}")
+        if response.status >= 500:
+            raise _Retryable(error, f"http_{response.status}")
+        state.metrics.upstream_errors.labels(name, replica.url, f"http_{response.status}").inc()
+        raise error  # the upstream judged the request itself: another replica would too
     return response
 
 
-async def _complete(route: Route, upstream: aiohttp.ClientResponse, call: UpstreamCall, front: FrontTranslator,
-                    options: ParseOptions) -> web.Response:
+def _account(state: GatewayState, exchange: _Exchange, step: Step) -> None:
+    if step.usage:
+        exchange.step_usage = step.usage
+    state.metrics.count_report(exchange.route.model, exchange.route.upstream_name, step.report)
+
+
+async def _complete(state: GatewayState, exchange: _Exchange, replica: Replica, upstream: aiohttp.ClientResponse,
+                    call: UpstreamCall, front: FrontTranslator, options: ParseOptions) -> web.Response:
+    route = exchange.route
+    name = route.upstream_name
     try:
         async with upstream:
             data = orjson.loads(await upstream.read())
     except TimeoutError:
-        raise upstream_timeout(f"upstream {route.upstream_name!r} timed out") from None
+        route.replicas.failed(replica)
+        raise upstream_timeout(f"upstream {name!r} timed out") from None
     except (aiohttp.ClientError, orjson.JSONDecodeError) as exc:
-        raise upstream_error(f"upstream {route.upstream_name!r} sent a broken response: {exc}") from None
+        route.replicas.failed(replica)
+        raise upstream_error(f"upstream {name!r} sent a broken response: {exc}") from None
     try:
         step = call.parse(data, options, streaming=False)
     except (UpstreamFormatError, AlignmentError) as exc:
-        raise upstream_error(f"upstream {route.upstream_name!r} sent unusable logprobs: {exc}") from None
+        raise upstream_error(f"upstream {name!r} sent unusable logprobs: {exc}") from None
+    route.replicas.succeeded(replica)
+    _account(state, exchange, step)
+    exchange.first_token_at = time.perf_counter()
     front.start()
     if step.prompt_text is not None:
         front.echo(step.prompt_text, step.prompt_tokens or [])
-    front.feed(step.tokens, step.text)
-    return _json(front.final(step.finish_reason, step.usage))
+    front.feed_step(step)
+    body = front.final(step.finish_reason, step.usage)
+    if exchange.on_final is not None:
+        await exchange.on_final()
+    return json_response(body)
 
 
-async def _stream(request: web.Request, route: Route, upstream: aiohttp.ClientResponse, call: UpstreamCall,
-                  front: FrontTranslator, framing: _Framing, options: ParseOptions) -> web.StreamResponse:
+async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange, replica: Replica,
+                  upstream: aiohttp.ClientResponse, call: UpstreamCall, front: FrontTranslator, framing: _Framing,
+                  options: ParseOptions) -> web.StreamResponse:
+    route = exchange.route
+    name = route.upstream_name
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                           "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                           "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                           REQUEST_ID_HEADER: request["request_id"]})
     finished = False
     try:
         await response.prepare(request)
         await _write(response, framing, front.start())
         finish_reason: str | None = None
-        usage: dict[str, Any] | None = None
         failed = False
         try:
             async for data in data_payloads(upstream.content):
                 step = call.parse(orjson.loads(data), options, streaming=True)
-                await _write(response, framing, front.feed(step.tokens, step.text))
+                _account(state, exchange, step)
+                items = front.feed_step(step)
+                if items and exchange.first_token_at is None:
+                    exchange.first_token_at = time.perf_counter()
+                await _write(response, framing, items)
                 finish_reason = step.finish_reason or finish_reason
-                usage = step.usage or usage
             if finish_reason is None:
                 raise UpstreamFormatError("upstream stream ended without a finish_reason")
-            items = front.finish(finish_reason, usage)
+            items = front.finish(finish_reason, exchange.step_usage)
+            route.replicas.succeeded(replica)
+            if exchange.on_final is not None:
+                await exchange.on_final()
         except TimeoutError:
-            failed, items = True, front.fail(f"upstream {route.upstream_name!r} stopped sending (idle timeout)")
+            failed, items = True, front.fail(f"upstream {name!r} stopped sending (idle timeout)")
+            _mid_stream_fault(state, route, replica, "idle_timeout")
         except (aiohttp.ClientError, orjson.JSONDecodeError, UpstreamFormatError, AlignmentError) as exc:
-            failed, items = True, front.fail(f"upstream {route.upstream_name!r} failed mid-stream: {exc}")
+            failed, items = True, front.fail(f"upstream {name!r} failed mid-stream: {exc}")
+            _mid_stream_fault(state, route, replica, "mid_stream")
         await _write(response, framing, items)
         if not failed:
             await response.write(framing.end())
@@ -227,10 +380,16 @@ async def _stream(request: web.Request, route: Route, upstream: aiohttp.ClientRe
         await response.write_eof()
     finally:
         if not finished:
-            # The client went away (or we failed): drop the upstream connection so the server stops.
+            # The client went away: drop the upstream connection so the server stops generating.
             upstream.close()
+            request["log"]["client_disconnected"] = True
         upstream.release()
     return response
+
+
+def _mid_stream_fault(state: GatewayState, route: Route, replica: Replica, kind: str) -> None:
+    route.replicas.failed(replica)
+    state.metrics.upstream_errors.labels(route.upstream_name, replica.url, kind).inc()
 
 
 async def _write(response: web.StreamResponse, framing: _Framing, items: list[dict[str, Any]]) -> None:
@@ -238,32 +397,86 @@ async def _write(response: web.StreamResponse, framing: _Framing, items: list[di
         await response.write(framing.encode(items))
 
 
+# --- discovery, probes, metrics --------------------------------------------------------------------
+
+
 async def list_models(request: web.Request) -> web.Response:
-    created = request.app[STARTED_KEY]
-    data = [{"id": name, "object": "model", "created": created, "owned_by": route.upstream_name}
-            for name, route in request.app[ROUTES_KEY].items()]
-    return _json({"object": "list", "data": data})
+    state = request.app[STATE]
+    data = [{"id": name, "object": "model", "created": state.started_at, "owned_by": route.upstream_name}
+            for name, route in state.routes.items()]
+    return json_response({"object": "list", "data": data})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Ready: config loaded, not draining, and every model has an upstream replica that can serve."""
+    state = request.app[STATE]
+    unready = sorted({name for name, route in state.routes.items()
+                      if not route.replicas.ready(probed=route.upstream.health_interval > 0)})
+    if state.draining or unready:
+        return json_response({"status": "draining" if state.draining else "unready", "models_without_replica":
+                              unready}, 503)
+    return json_response({"status": "ready"})
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    body = request.app[STATE].metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+# --- lifecycle -------------------------------------------------------------------------------------
 
 
 async def _on_startup(app: web.Application) -> None:
-    app[SESSION_KEY] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=256),
-                                             auto_decompress=True)
+    state = app[STATE]
+    state.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=256))
+    seen: set[int] = set()
+    for route in state.routes.values():
+        if route.upstream.health_interval <= 0 or id(route.replicas) in seen:
+            continue
+        seen.add(id(route.replicas))
+        headers = {}
+        if route.upstream.api_key_env and os.environ.get(route.upstream.api_key_env):
+            headers["Authorization"] = f"Bearer {os.environ[route.upstream.api_key_env]}"
+        state.probes.append(asyncio.create_task(probe_forever(
+            route.replicas, state.session, route.upstream.health_path, route.upstream.health_interval, headers)))
 
 
 async def _on_cleanup(app: web.Application) -> None:
-    await app[SESSION_KEY].close()
+    state = app[STATE]
+    for task in state.probes:
+        task.cancel()
+    for task in state.probes:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    if state.session is not None:
+        await state.session.close()
 
 
 def create_app(config: Config) -> web.Application:
     """Build the app; tokenizers and templates load here, so a bad config fails before serving."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=16 * 1024 * 1024)
-    app[CONFIG_KEY] = config
-    app[ROUTES_KEY] = build_routes(config)
-    app[STARTED_KEY] = int(time.time())
+    state = GatewayState(config, build_routes(config))
+    middlewares = [
+        request_context,
+        error_middleware_factory(),
+        draining_middleware_factory(lambda: state.draining),
+        auth_middleware_factory(load_api_keys(config)),
+    ]
+    app = web.Application(middlewares=middlewares, client_max_size=config.limits.max_body_bytes)
+    app[STATE] = state
     app.router.add_post("/v1/responses", create_response)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_get("/v1/models", list_models)
+    add_stored_routes(app, config)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_endpoint)
+    if config.playground:
+        add_playground(app)
     app.on_startup.append(_on_startup)
     app.on_cleanup.append(_on_cleanup)
     return app

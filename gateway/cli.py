@@ -1,10 +1,12 @@
-"""`responses-gateway serve | demo`."""
+"""`responses-gateway serve | demo | check-config | inspect`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,10 +25,12 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    from gateway.server import configure_logging, serve
+
+    configure_logging(config.logging.level)
     host = args.host or config.listen.host
     port = args.port if args.port is not None else config.listen.port
-    print(f"responses-gateway on http://{host}:{port} ({len(config.models)} models)", flush=True)
-    web.run_app(app, host=host, port=port, handler_cancellation=True, print=None)
+    asyncio.run(serve(app, host, port, config.shutdown.grace_seconds))
     return 0
 
 
@@ -48,10 +52,13 @@ async def _start(app: web.Application) -> tuple[web.AppRunner, int]:
     return runner, port
 
 
-def demo_config(upstream_port: int, model: str, tokenizer: dict[str, str], api: str) -> Config:
+def demo_config(upstream_port: int, model: str, tokenizer: dict[str, str], api: str, *,
+                playground: bool = False) -> Config:
     return parse_config({
         "upstreams": {"simulator": {"urls": [f"http://127.0.0.1:{upstream_port}"], "api": api}},
         "models": {model: {"upstream": "simulator", "tokenizer": tokenizer}},
+        "store": {"backend": "memory"},  # the demo leaves no file behind
+        "playground": playground,
     }, Path.cwd())
 
 
@@ -69,17 +76,23 @@ async def _demo(args: argparse.Namespace) -> int:
         vocab = build_demo_vocab()
         model = "demo-model"
         tokenizer = {"builtin": "demo"}
-    sim_runner, sim_port = await _start(create_simulator(vocab, model))
-    gw_runner, gw_port = await _start(create_app(demo_config(sim_port, model, tokenizer, args.api)))
+    # With --keep-running a person watches the playground: let the tokens arrive at a visible pace.
+    sim_runner, sim_port = await _start(create_simulator(vocab, model, step_delay_ms=40 if args.keep_running else 0))
+    gw_runner, gw_port = await _start(create_app(demo_config(sim_port, model, tokenizer, args.api, playground=True)))
     try:
         print(f"vLLM-dialect simulator (no model: scripted text, synthetic logprobs) on :{sim_port}, "
               f"{args.api} API, tokenizer {vocab.name!r}")
-        print(f"gateway on http://127.0.0.1:{gw_port}/v1/responses\n")
+        print(f"gateway on http://127.0.0.1:{gw_port}/v1/responses")
+        hint = "" if args.keep_running else "   (with --keep-running, to open it)"
+        print(f"playground on http://127.0.0.1:{gw_port}/playground{hint}\n")
         response = await asyncio.to_thread(_demo_request, gw_port, model)
+        _print_table(response)
+        if args.keep_running:
+            print(f"\nserving until Ctrl-C; open http://127.0.0.1:{gw_port}/playground", flush=True)
+            await asyncio.Event().wait()
     finally:
         await gw_runner.cleanup()
         await sim_runner.cleanup()
-    _print_table(response)
     return 0
 
 
@@ -104,6 +117,38 @@ def _print_table(response: object) -> None:
     print(f"\nbytes of the tokens == UTF-8 of the text: {joined == part.text.encode()}")
 
 
+def _check_config(args: argparse.Namespace) -> int:
+    from gateway.check_config import print_table, run_checks
+
+    rows, ok = run_checks(args.config, timeout=args.timeout)
+    print_table(rows)
+    return 0 if ok else 1
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from gateway import inspect_view as view
+
+    body = view.request_body(args.model, args.prompt, top_logprobs=args.top_logprobs,
+                             max_output_tokens=args.max_output_tokens, instructions=args.instructions,
+                             temperature=args.temperature)
+    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
+
+    def show(text: str) -> None:
+        print(text, end="", flush=True)
+
+    try:
+        inspection = asyncio.run(view.inspect(args.base_url, body, api_key=args.api_key,
+                                              on_text=None if args.json else show, color=color))
+    except view.GatewayRequestError as exc:
+        print(f"inspect: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(view.to_json(inspection), ensure_ascii=False, indent=2))
+    else:
+        print("\n\n" + view.render_report(inspection, color=color))
+    return 1 if inspection.status == "failed" else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="responses-gateway")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -114,10 +159,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="offline demo: simulator upstream + gateway + OpenAI SDK")
     demo.add_argument("--api", choices=["chat", "completions"], default="chat")
     demo.add_argument("--qwen2-dir", type=Path, help="folder with Qwen2 vocab.json + merges.txt")
+    demo.add_argument("--keep-running", action="store_true", help="keep serving (and the playground) until Ctrl-C")
+    check = commands.add_parser("check-config", help="validate a config, load tokenizers, probe upstreams")
+    check.add_argument("config", type=Path)
+    check.add_argument("--timeout", type=float, default=5.0, help="seconds per upstream probe")
+    inspect = commands.add_parser("inspect", help="stream a prompt through a running gateway; show every token's "
+                                  "probability, bytes and alternatives")
+    inspect.add_argument("prompt")
+    inspect.add_argument("--model", required=True)
+    inspect.add_argument("--base-url", default="http://127.0.0.1:8080", help="the gateway (default: %(default)s)")
+    inspect.add_argument("--top-logprobs", type=int, default=5, help="alternatives per token (default: %(default)s)")
+    inspect.add_argument("--max-output-tokens", type=int, default=64, help="(default: %(default)s)")
+    inspect.add_argument("--instructions")
+    inspect.add_argument("--temperature", type=float)
+    inspect.add_argument("--api-key", help="sent as a Bearer token, if the gateway asks for one")
+    inspect.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    inspect.add_argument("--json", action="store_true", help="print the view as JSON, for scripts")
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
-    return asyncio.run(_demo(args))
+    if args.command == "check-config":
+        return _check_config(args)
+    if args.command == "inspect":
+        return _inspect(args)
+    try:
+        return asyncio.run(_demo(args))
+    except KeyboardInterrupt:  # the end of `demo --keep-running`
+        return 0
 
 
 if __name__ == "__main__":

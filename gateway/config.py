@@ -43,6 +43,12 @@ class Upstream(_Strict):
     api: Literal["chat", "completions", "generate"] = "chat"
     max_top_logprobs: int | None = Field(default=None, ge=0)
     timeouts: Timeouts = Timeouts()
+    retries: int = Field(default=1, ge=0)  # other replicas tried before the first byte reaches the client
+    cooldown: float = Field(default=10.0, ge=0)  # seconds a failing replica sits out
+    health_path: str = "/health"
+    health_interval: float = Field(default=5.0, ge=0)  # seconds between active checks; 0 turns them off
+    api_key_env: str | None = None  # environment variable holding the upstream's bearer token
+    forward_headers: list[str] = Field(default_factory=list)  # client headers passed through
 
     @model_validator(mode="after")
     def _api_fits_dialect(self) -> Upstream:
@@ -72,20 +78,79 @@ class Model(_Strict):
     upstream_model: str | None = None
     tokenizer: dict[str, str] | None = None
     chat_template: str | None = None
+    aliases: list[str] = Field(default_factory=list)  # more names clients may send
+
+
+class Auth(_Strict):
+    """Inbound API keys (`Authorization: Bearer`), from an environment variable (comma-separated)
+    and/or a file (one per line). No keys configured means no authentication."""
+
+    api_keys_env: str | None = None
+    api_keys_file: str | None = None
+    forward_client_key: bool = False  # pass the client's Authorization header upstream
+
+
+class Limits(_Strict):
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+
+
+class Shutdown(_Strict):
+    grace_seconds: float = Field(default=30.0, ge=0)  # in-flight streams may finish within this
+
+
+class Logging(_Strict):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    log_bodies: bool = False  # request bodies hold prompts: only when explicitly turned on
+
+
+class Store(_Strict):
+    """Stored responses (`store`, `previous_response_id`, GET/DELETE /v1/responses/{id}).
+
+    `sqlite` is one file (relative paths against the config's folder), good for one gateway process
+    or several on one host; `redis` is shared by many replicas (`url`, else the environment variable
+    RESPONSES_GATEWAY_REDIS_URL at start); `memory` is lost on restart; `none` stores nothing.
+    Retention applies to every backend: older than `ttl_seconds` or beyond the newest
+    `max_responses` is gone.
+    """
+
+    backend: Literal["sqlite", "redis", "memory", "none"] = "sqlite"
+    path: str = "responses.sqlite3"
+    url: str | None = None
+    key_prefix: str = "responses-gateway:"
+    ttl_seconds: int = Field(default=30 * 24 * 3600, gt=0)  # OpenAI keeps responses 30 days
+    max_responses: int = Field(default=10_000, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"{url!r} is not a redis://, rediss:// or unix:// URL")
+        return url
 
 
 class Config(_Strict):
     listen: Listen = Listen()
     upstreams: dict[str, Upstream]
     models: dict[str, Model]
+    store: Store = Store()
+    auth: Auth = Auth()
+    limits: Limits = Limits()
+    shutdown: Shutdown = Shutdown()
+    logging: Logging = Logging()
+    playground: bool = False  # GET /playground: the logprob viewer page (on in `demo`)
     base_dir: Path = Field(default=Path("."), exclude=True)
 
     @model_validator(mode="after")
     def _models_name_known_upstreams(self) -> Config:
+        names = set(self.models)
         for name, model in self.models.items():
             if model.upstream not in self.upstreams:
                 known = ", ".join(sorted(self.upstreams)) or "none"
                 raise ValueError(f"models.{name}.upstream: unknown upstream {model.upstream!r} (known: {known})")
+            for alias in model.aliases:
+                if alias in names:
+                    raise ValueError(f"models.{name}.aliases: {alias!r} names another model or alias")
+                names.add(alias)
         return self
 
     def resolve(self, path: str) -> Path:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.config import Config, ConfigError, Upstream
 from gateway.logprobs.vocab import Vocab, VocabError, load_vocab
+from gateway.replicas import ReplicaSet
 
 
 @dataclass(frozen=True)
@@ -18,13 +18,7 @@ class Route:
     upstream_model: str
     vocab: Vocab | None
     chat_template: object | None  # gateway.translate.chat_template.ChatTemplate
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_urls", itertools.cycle(self.upstream.urls))
-
-    def next_url(self) -> str:
-        """Round robin over the upstream's replicas."""
-        return next(self._urls)  # type: ignore[attr-defined]
+    replicas: ReplicaSet  # shared by every model of the upstream
 
 
 def _load_template(config: Config, name: str, path: str | None, tokenizer_dir: Path | None) -> object | None:
@@ -44,7 +38,12 @@ def _load_template(config: Config, name: str, path: str | None, tokenizer_dir: P
 
 
 def build_routes(config: Config) -> dict[str, Route]:
-    """Load every model's tokenizer and template now, so a bad one fails at start."""
+    """Load every model's tokenizer and template now, so a bad one fails at start.
+
+    Aliases map to the same route; replicas are shared per upstream so load balancing and
+    health see all of an upstream's traffic.
+    """
+    replica_sets = {name: ReplicaSet(u.urls, cooldown=u.cooldown) for name, u in config.upstreams.items()}
     routes: dict[str, Route] = {}
     for name, model in config.models.items():
         vocab = None
@@ -62,5 +61,8 @@ def build_routes(config: Config) -> dict[str, Route]:
                 tokenizer_dir = config.resolve(model.tokenizer["directory"])
         upstream = config.upstreams[model.upstream]
         template = _load_template(config, name, model.chat_template, tokenizer_dir)
-        routes[name] = Route(name, model.upstream, upstream, model.upstream_model or name, vocab, template)
+        route = Route(name, model.upstream, upstream, model.upstream_model or name, vocab, template,
+                      replica_sets[model.upstream])
+        for public_name in (name, *model.aliases):
+            routes[public_name] = route
     return routes

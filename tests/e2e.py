@@ -36,7 +36,8 @@ class Stack:
 async def start_stack(aiohttp_server, vocab, *, api: str = "chat", model: str = "demo-model",
                       timeouts: dict[str, float] | None = None, tokenizer: dict[str, str] | None = None,
                       upstream_url: str | None = None, upstream_options: dict[str, Any] | None = None,
-                      chat_template: str | None = None, **simulator_options: Any) -> Stack:
+                      chat_template: str | None = None, store: dict[str, Any] | None = None,
+                      **simulator_options: Any) -> Stack:
     simulator = await aiohttp_server(create_simulator(vocab, model, **simulator_options))
     upstream: dict[str, Any] = {"urls": [upstream_url or str(simulator.make_url("")).rstrip("/")], "api": api}
     if timeouts:
@@ -45,8 +46,10 @@ async def start_stack(aiohttp_server, vocab, *, api: str = "chat", model: str = 
     model_config: dict[str, Any] = {"upstream": "sim", **_tokenizer(tokenizer)}
     if chat_template is not None:
         model_config["chat_template"] = chat_template
+    # Tests keep responses in memory unless they test a store (no file in the working folder).
     config = parse_config({"upstreams": {"sim": upstream},
-                           "models": {model: model_config}},
+                           "models": {model: model_config},
+                           "store": store or {"backend": "memory"}},
                           base_dir=Path("."))
     gateway = await aiohttp_server(create_app(config))
     client = AsyncOpenAI(base_url=str(gateway.make_url("/v1")), api_key="test-key",

@@ -85,7 +85,8 @@ async def test_upstream_over_its_logprob_cap_becomes_502_with_vllms_message(aioh
 
 
 async def test_unreachable_upstream_becomes_502(aiohttp_server, vocab, unused_tcp_port):
-    stack = await start_stack(aiohttp_server, vocab, upstream_url=f"http://127.0.0.1:{unused_tcp_port}")
+    stack = await start_stack(aiohttp_server, vocab, upstream_url=f"http://127.0.0.1:{unused_tcp_port}",
+                              upstream_options={"health_interval": 0})
     status, payload = await _post(stack.url("/v1/responses"), {"model": "demo-model", "input": "hi"})
     assert status == 502 and "unreachable" in _error(payload)["message"]
 

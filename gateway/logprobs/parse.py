@@ -9,6 +9,8 @@ against the final text when the caller has it (see align.py).
 
 from __future__ import annotations
 
+import math
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 from gateway.logprobs.align import Piece, align
 from gateway.logprobs.report import TranslationReport
 from gateway.logprobs.spellings import (
+    TOKEN_ID_PREFIX,
     is_lossy_string,
     looks_like_special,
     parse_bytes_spelling,
@@ -26,6 +29,8 @@ from gateway.logprobs.tokens import SENTINEL_LOGPROB, Candidate, Origin, Token, 
 from gateway.logprobs.vocab import Vocab
 
 _REPLACED = "\ufffd".encode()
+_INF = math.inf
+_new = tuple.__new__  # builds a Token / Candidate without the keyword-handling constructor
 
 
 class LogprobParseError(ValueError):
@@ -200,11 +205,199 @@ def _finish(entries: list[_Entry], text: str | None, options: ParseOptions, repo
     return Parsed(tokens, report)
 
 
+# --- fast paths ---------------------------------------------------------------------------------
+# The gateway's hot path is one shape: vLLM with a tokenizer, every token and alternative a
+# `token_id:N` placeholder (or, reading our own output back, exact `bytes`). These readers handle
+# exactly that shape in one pass, with no intermediate objects, and give up (None) on the first
+# entry that needs anything else; the general reader then starts over, so results and errors are
+# the same either way.
+
+_ID_TABLES: weakref.WeakKeyDictionary[Any, list[bytes | None]] = weakref.WeakKeyDictionary()
+
+
+def _id_table(vocab: Vocab) -> list[bytes | None]:
+    """The vocabulary's id -> bytes list (None for holes), built once per vocabulary."""
+    try:
+        return _ID_TABLES[vocab]
+    except KeyError:
+        pass
+    except TypeError:  # not weak-referenceable: build it each time (still correct)
+        return _build_id_table(vocab)
+    table = _ID_TABLES[vocab] = _build_id_table(vocab)
+    return table
+
+
+def _build_id_table(vocab: Vocab) -> list[bytes | None]:
+    table: list[bytes | None] = []
+    for token_id in range(len(vocab)):
+        try:
+            table.append(vocab.token_bytes(token_id))
+        except (KeyError, IndexError):
+            table.append(None)
+    return table
+
+
+def _placeholder_bytes(string: Any, table: list[bytes | None]) -> tuple[int, bytes] | None:
+    """(id, bytes) of a `token_id:N` string whose id is in the table; None for anything else."""
+    if type(string) is not str or not string.startswith(TOKEN_ID_PREFIX):
+        return None
+    digits = string[9:]
+    if not digits.isdecimal():
+        return None
+    token_id = int(digits)
+    data = table[token_id] if token_id < len(table) else None
+    return None if data is None else (token_id, data)
+
+
+def _chat_from_ids(content: list[Any], vocab: Vocab, report: TranslationReport) -> list[Token] | None:
+    table = _id_table(vocab)
+    size = len(table)
+    is_special = vocab.is_special
+    token_id_origin = Origin.TOKEN_ID
+    tokens: list[Token] = []
+    for item in content:
+        if type(item) is not dict or "id" in item:
+            return None
+        string = item.get("token")
+        if type(string) is not str or not string.startswith(TOKEN_ID_PREFIX):
+            return None
+        digits = string[9:]
+        if not digits.isdecimal():
+            return None
+        token_id = int(digits)
+        data = table[token_id] if token_id < size else None
+        if data is None:
+            return None
+        special = is_special(token_id) or item.get("special") is True
+        logprob = item.get("logprob")
+        if type(logprob) is not float or not SENTINEL_LOGPROB < logprob < _INF:
+            logprob = _logprob(logprob, report)
+        top: list[Candidate] = []
+        alternatives = item.get("top_logprobs")
+        if alternatives:
+            if type(alternatives) is not list:
+                return None
+            for alt in alternatives:
+                if type(alt) is not dict or "id" in alt:
+                    return None
+                alt_string = alt.get("token")
+                if type(alt_string) is not str or not alt_string.startswith(TOKEN_ID_PREFIX):
+                    return None
+                alt_digits = alt_string[9:]
+                if not alt_digits.isdecimal():
+                    return None
+                alt_id = int(alt_digits)
+                alt_data = table[alt_id] if alt_id < size else None
+                if alt_data is None:
+                    return None
+                alt_logprob = alt.get("logprob")
+                if type(alt_logprob) is not float or not SENTINEL_LOGPROB < alt_logprob < _INF:
+                    alt_logprob = _logprob(alt_logprob, report)
+                top.append(_new(Candidate, (alt_data, alt_logprob, alt_id, token_id_origin)))
+        tokens.append(_new(Token, (data, logprob, tuple(top), token_id, special, token_id_origin, False)))
+    report.from_ids += len(tokens)
+    return tokens
+
+
+def _chat_from_exact_bytes(content: list[Any], report: TranslationReport) -> list[Token] | None:
+    """Entries whose `bytes` are exact by contract (our own Responses/chat output read back)."""
+    exact = Origin.EXACT
+    tokens: list[Token] = []
+    for item in content:
+        if type(item) is not dict or "id" in item:
+            return None
+        string = item.get("token")
+        raw = item.get("bytes")
+        # Placeholders and `bytes:` spellings outrank `bytes`; leave them to the general reader.
+        if type(string) is not str or type(raw) is not list or string.startswith(("token_id:", "bytes:")):
+            return None
+        try:
+            data = bytes(raw)
+        except (TypeError, ValueError):
+            return None
+        logprob = item.get("logprob")
+        if type(logprob) is not float or not SENTINEL_LOGPROB < logprob < _INF:
+            logprob = _logprob(logprob, report)
+        top: list[Candidate] = []
+        alternatives = item.get("top_logprobs")
+        if alternatives:
+            if type(alternatives) is not list:
+                return None
+            for alt in alternatives:
+                if type(alt) is not dict or "id" in alt:
+                    return None
+                alt_string = alt.get("token")
+                alt_raw = alt.get("bytes")
+                if (type(alt_string) is not str or type(alt_raw) is not list
+                        or alt_string.startswith(("token_id:", "bytes:"))):
+                    return None
+                try:
+                    alt_data = bytes(alt_raw)
+                except (TypeError, ValueError):
+                    return None
+                alt_logprob = alt.get("logprob")
+                if type(alt_logprob) is not float or not SENTINEL_LOGPROB < alt_logprob < _INF:
+                    alt_logprob = _logprob(alt_logprob, report)
+                top.append(_new(Candidate, (alt_data, alt_logprob, None, exact)))
+        special = item.get("special") is True
+        tokens.append(_new(Token, (data, logprob, tuple(top), None, special, exact, False)))
+    return tokens
+
+
+def _completions_from_ids(strings: list[Any], values: list[Any], tops: list[Any] | None, vocab: Vocab,
+                          report: TranslationReport) -> list[Token] | None:
+    table = _id_table(vocab)
+    is_special = vocab.is_special
+    token_id_origin = Origin.TOKEN_ID
+    tokens: list[Token] = []
+    for index, string in enumerate(strings):
+        found = _placeholder_bytes(string, table)
+        if found is None:
+            return None
+        token_id, data = found
+        value = values[index]
+        if value is None:
+            logprob = None
+        elif type(value) is float and SENTINEL_LOGPROB < value < _INF:
+            logprob = value
+        else:
+            logprob = _logprob(value, report)
+        top_dict = tops[index] if tops is not None else None
+        top: list[Candidate] = []
+        if top_dict is not None:
+            if type(top_dict) is not dict:
+                return None
+            for key, alt_value in top_dict.items():
+                alt = _placeholder_bytes(key, table)
+                if alt is None:
+                    return None
+                if type(alt_value) is not float or not SENTINEL_LOGPROB < alt_value < _INF:
+                    alt_value = _logprob(alt_value, report)
+                top.append(_new(Candidate, (alt[1], alt_value, alt[0], token_id_origin)))
+        tokens.append(_new(Token, (data, logprob, tuple(top), token_id, is_special(token_id), token_id_origin,
+                                   top_dict is None)))
+    report.from_ids += len(tokens)
+    return tokens
+
+
+# --- general readers ------------------------------------------------------------------------------
+
+
 def parse_chat(
     content: Sequence[Mapping[str, Any]] | None, options: ParseOptions, text: str | None = None
 ) -> Parsed:
     """Chat `logprobs.content` entries `{token, logprob, bytes?, top_logprobs?}` (also llama.cpp's,
     whose entries add `id`) -> Tokens. `text` is the message text the tokens produced, if known."""
+    if text is None and type(content) is list:
+        report = TranslationReport()
+        if options.vocab is not None:
+            fast = _chat_from_ids(content, options.vocab, report)
+        elif options.trust_bytes is True:
+            fast = _chat_from_exact_bytes(content, report)
+        else:
+            fast = None
+        if fast is not None:
+            return Parsed(fast, report)
     report = TranslationReport()
     entries: list[_Entry] = []
     for item in content or ():
@@ -247,6 +440,12 @@ def parse_completions(
     tops = logprobs.get("top_logprobs")
     if len(values) != len(token_strings) or (tops is not None and len(tops) != len(token_strings)):
         raise LogprobParseError("completions logprob arrays differ in length")
+    if (text is None and options.vocab is not None and type(token_strings) is list and type(values) is list
+            and (tops is None or type(tops) is list)):
+        fast = _completions_from_ids(token_strings, values, tops, options.vocab, report)
+        if fast is not None:
+            return Parsed(fast, report)
+        report = TranslationReport()
     entries: list[_Entry] = []
     for index, token in enumerate(token_strings):
         reading = _read(token, None, options)

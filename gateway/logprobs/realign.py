@@ -8,7 +8,6 @@ with it. Lossy tokens keep their upstream string as their best-guess bytes, so i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from gateway.logprobs.align import AlignmentError, Piece, align
 from gateway.logprobs.tokens import Origin, Token
@@ -41,5 +40,5 @@ def realign(tokens: Sequence[Token], text: str, vocab: Vocab | None = None) -> t
             origin = Origin.ALIGNED
         else:
             origin = Origin.ALIGNED if token.origin is Origin.AMBIGUOUS else token.origin
-        out.append(replace(token, bytes=span, origin=origin))
+        out.append(type(token)(span, token.logprob, token.top, token.token_id, token.special, origin, token.top_absent))
     return out, len(alignment.ambiguous)

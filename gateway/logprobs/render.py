@@ -7,12 +7,15 @@ output ever holds NaN, Infinity or an unsorted top list.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gateway.logprobs.report import TranslationReport
 from gateway.logprobs.spellings import chat_token_string, completions_token_string
-from gateway.logprobs.tokens import Candidate, Token, normalize_logprob
+from gateway.logprobs.tokens import SENTINEL_LOGPROB, Candidate, Token, normalize_candidates, normalize_logprob
+
+_INF = math.inf
 
 
 def visible_tokens(tokens: Iterable[Token]) -> list[Token]:
@@ -25,9 +28,23 @@ def _entry(data: bytes, logprob: float | None) -> dict[str, Any]:
 
 
 def render_chat_entry(token: Token, k: int) -> dict[str, Any]:
-    entry = _entry(token.bytes, token.logprob)
-    entry["top_logprobs"] = [_entry(c.bytes, c.logprob) for c in token.normalized_top(k)]
-    return entry
+    # The hot path of every response: chat_token_string and normalize_logprob are written out
+    # inline (same results) because a call costs as much as the work here.
+    data = token.bytes
+    logprob = token.logprob
+    if type(logprob) is not float or not SENTINEL_LOGPROB < logprob < _INF:
+        logprob = normalize_logprob(logprob)
+    top: list[dict[str, Any]] = []
+    if k > 0 and token.top:
+        for cand in normalize_candidates(token.top, k):
+            cand_bytes = cand.bytes
+            value = cand.logprob
+            if type(value) is not float or not SENTINEL_LOGPROB < value < _INF:
+                value = normalize_logprob(value)
+            top.append({"token": cand_bytes.decode("utf-8", "backslashreplace"), "logprob": value,
+                        "bytes": list(cand_bytes)})
+    return {"token": data.decode("utf-8", "backslashreplace"), "logprob": logprob, "bytes": list(data),
+            "top_logprobs": top}
 
 
 def render_chat(tokens: Sequence[Token], k: int) -> list[dict[str, Any]]:

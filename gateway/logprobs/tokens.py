@@ -2,17 +2,23 @@
 
 Wire formats differ in how they *spell* a token (text, escapes, placeholders); the canonical
 form holds only what is true of it, so every conversion goes through here.
+
+Tokens and candidates are immutable named tuples rather than frozen dataclasses: the hot path
+builds one token and up to 21 candidates per generated token, and a tuple is built several times
+faster (a frozen dataclass sets each field through `object.__setattr__`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from enum import Enum
+from operator import attrgetter
+from typing import NamedTuple
 
 # OpenAI's documented "very unlikely" value; every other sentinel is mapped to it so that no
 # output ever carries NaN, Infinity or float32-lowest.
 SENTINEL_LOGPROB = -9999.0
+_INF = math.inf
 
 
 class Origin(Enum):
@@ -25,8 +31,7 @@ class Origin(Enum):
     AMBIGUOUS = "ambiguous"  # could not be pinned down; bytes are a best guess
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(NamedTuple):
     """One ranked alternative at a position."""
 
     bytes: bytes
@@ -35,12 +40,13 @@ class Candidate:
     origin: Origin = Origin.EXACT
 
 
-@dataclass(frozen=True, slots=True)
-class Token:
+class Token(NamedTuple):
     """One generated (or prompt) token.
 
     `logprob` is None only for a position with no context (the first echoed prompt token).
     `top` holds the alternatives as given; call `normalized_top(k)` for the client's view.
+    `top_absent` (the upstream sent no list at all, as completions echo does) is not part of a
+    token's identity: it takes no part in equality or hashing.
     """
 
     bytes: bytes
@@ -49,20 +55,38 @@ class Token:
     token_id: int | None = None
     special: bool = False
     origin: Origin = Origin.EXACT
-    top_absent: bool = field(default=False, compare=False)  # upstream sent no list (completions echo)
+    top_absent: bool = False
 
     def normalized_top(self, k: int) -> tuple[Candidate, ...]:
         return normalize_candidates(self.top, k)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Token):
+            return NotImplemented
+        return self[:6] == other[:6]
+
+    def __ne__(self, other: object) -> bool:
+        if not isinstance(other, Token):
+            return NotImplemented
+        return self[:6] != other[:6]
+
+    def __hash__(self) -> int:
+        return hash(self[:6])
 
 
 def normalize_logprob(value: float | None) -> float:
     """Map every 'no probability' spelling (null, -inf, NaN, float32 lowest, anything below the
     sentinel) to SENTINEL_LOGPROB; keep real values unchanged."""
+    if type(value) is float and SENTINEL_LOGPROB < value < _INF:
+        return value  # the common case, decided in one comparison chain
     if value is None or math.isnan(value) or value <= SENTINEL_LOGPROB:
         return SENTINEL_LOGPROB
     if math.isinf(value):  # +inf is not a logprob either
         return SENTINEL_LOGPROB
     return float(value)
+
+
+_by_logprob = attrgetter("logprob")
 
 
 def normalize_candidates(candidates: tuple[Candidate, ...] | list[Candidate], k: int) -> tuple[Candidate, ...]:
@@ -74,6 +98,12 @@ def normalize_candidates(candidates: tuple[Candidate, ...] | list[Candidate], k:
     """
     if k <= 0 or not candidates:
         return ()
+    # An id (int) and bytes never compare equal, so one set holds both kinds of identity.
+    if len({c.bytes if c.token_id is None else c.token_id for c in candidates}) == len(candidates):
+        # No duplicates (the usual case): a stable sort on the logprob alone. `reverse=True` keeps
+        # equal elements in their original order, like sorting on the negated key.
+        ordered = sorted(candidates, key=_by_logprob, reverse=True)
+        return tuple(ordered[:k]) if len(ordered) > k else tuple(ordered)
     best: dict[object, Candidate] = {}
     for cand in candidates:
         key = ("id", cand.token_id) if cand.token_id is not None else ("bytes", cand.bytes)

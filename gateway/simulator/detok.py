@@ -1,41 +1,52 @@
-"""Token strings as vLLM shows them: per-id (lossy) and incremental (held back until complete).
+"""Token strings as servers show them: per-id (lossy), incremental (held back until complete), and TGI's offsets.
 
-vLLM decodes each logprob token on its own, so a token holding part of a UTF-8 character becomes
-"�", and special tokens become "" (skip_special_tokens=True). The response *text* instead comes
-from an incremental detokenizer that holds back bytes until a character completes.
+Servers decode each logprob token on its own, so a token holding part of a UTF-8 character becomes
+"�"; special tokens become "" when skipped (vLLM) or keep their text (TGI, SGLang's `batch_decode`).
+The response *text* instead comes from an incremental detokenizer that holds back bytes until a
+character completes.
 """
 
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from gateway.logprobs.vocab import Vocab
 
+REPLACEMENT = "\ufffd"
+
+
+def decode_ids(vocab: Vocab, ids: Sequence[int], *, skip_special: bool) -> str:
+    """`tokenizer.decode(ids)`: the joined bytes, undecodable ones as U+FFFD."""
+    data = b"".join(b"" if skip_special and vocab.is_special(i) else vocab.token_bytes(i) for i in ids)
+    return data.decode("utf-8", errors="replace")
+
 
 class TokenStrings:
-    """Per-id decoded strings, the way vLLM's per-token decode spells them (cached)."""
+    """Per-id decoded strings, the way a per-token decode spells them (cached).
 
-    def __init__(self, vocab: Vocab) -> None:
+    skip_special=True is vLLM (`skip_special_tokens=True`: control tokens are ""); False is HF
+    `batch_decode` with its default, as TGI and SGLang use for logprob tokens ("<|im_end|>").
+    """
+
+    def __init__(self, vocab: Vocab, *, skip_special: bool = True) -> None:
         self._vocab = vocab
+        self._skip_special = skip_special
         self._cache: dict[int, str] = {}
 
     def __call__(self, token_id: int) -> str:
         text = self._cache.get(token_id)
         if text is None:
-            if self._vocab.is_special(token_id):
-                text = ""  # skip_special_tokens=True
-            else:
-                text = self._vocab.token_bytes(token_id).decode("utf-8", errors="replace")
-            self._cache[token_id] = text
+            text = self._cache[token_id] = decode_ids(self._vocab, (token_id,), skip_special=self._skip_special)
         return text
 
 
 class IncrementalDetokenizer:
     """Turns a stream of token ids into text deltas, holding back incomplete characters.
 
-    Bytes that never complete (generation cut mid-character) are never emitted, as in vLLM, so
-    the final text can be shorter than the tokens' bytes.
+    Bytes that never complete (generation cut mid-character) are not emitted by `feed`, as in vLLM,
+    so the final text can be shorter than the tokens' bytes; `flush` spells them as U+FFFD, as
+    servers that decode the whole output once more at the end do (SGLang).
     """
 
     def __init__(self, vocab: Vocab) -> None:
@@ -50,3 +61,33 @@ class IncrementalDetokenizer:
                 continue
             out.append(self._decoder.decode(self._vocab.token_bytes(token_id)))
         return "".join(out)
+
+    def flush(self) -> str:
+        """Whatever is held back, spelled as U+FFFD (end of generation)."""
+        return self._decoder.decode(b"", final=True)
+
+
+class OffsetDecoder:
+    """TGI's `decode_token`: the text each generated token adds, decoded with prefix/read offsets.
+
+    Each step decodes ids[prefix:] and ids[prefix:read] (special tokens kept); if the longer one
+    grew and does not end in U+FFFD, the growth is the token's text and the offsets move on.
+    Otherwise the token's text is "" and the offsets stay, so a character split over tokens shows
+    as "" on the first ones and in full on the completing one, together with any complete text
+    the earlier tokens held (Qwen2's b" \\xf0\\x9f\\x91" + b"\\x8b" -> "", " 👋").
+    """
+
+    def __init__(self, vocab: Vocab) -> None:
+        self._vocab = vocab
+        self._ids: list[int] = []
+        self._prefix = 0
+        self._read = 0
+
+    def feed(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        prefix_text = decode_ids(self._vocab, self._ids[self._prefix : self._read], skip_special=False)
+        new_text = decode_ids(self._vocab, self._ids[self._prefix :], skip_special=False)
+        if len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT):
+            self._prefix, self._read = self._read, len(self._ids)
+            return new_text[len(prefix_text) :]
+        return ""

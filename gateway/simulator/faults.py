@@ -1,16 +1,16 @@
 """Simulator-only test hooks: injected faults, per-step delays, and request counters.
 
-None of this exists in vLLM. A request selects a fault with a header or a JSON body field of
-the same name (`x-sim-fault` or `x_sim_fault`):
+None of this exists in the real servers. A request selects a fault with a header or a JSON body
+field of the same name (`x-sim-fault` or `x_sim_fault`):
 
     refuse                   drop the connection without any response bytes
-    http500 / httpNNN        answer NNN with a vLLM-shaped JSON error (http500 = engine error)
+    http500 / httpNNN        answer NNN with the server's own JSON error shape (http500 = engine error)
     hang                     send nothing at all until the client goes away
     hang_before_first_token  streaming: send the response headers, then nothing; else as hang
     die_mid_stream           streaming: send `x-sim-die-after` data frames (default 3), then drop
                              the connection mid-body; non-streaming: drop before answering
-    error_mid_stream         streaming: send `x-sim-die-after` frames, then vLLM's in-band error
-                             frame `data: {"error": {...}}` and `data: [DONE]`; else as http500
+    error_mid_stream         streaming: send `x-sim-die-after` frames, then the server's in-band
+                             error frame (vLLM: `data: {"error": {...}}` and `data: [DONE]`); else as http500
     slow                     wait `x-sim-delay-ms` (default 200) before every engine step
 
 `x-sim-delay-ms` alone sets the per-step delay without any fault; `x-sim-tokens-per-step`
@@ -101,7 +101,7 @@ def read_fault_plan(headers: Mapping[str, str], body: Mapping[str, Any], default
 class SimStats:
     """Counters behind GET /sim/stats; each started request ends in exactly one outcome.
 
-    finished: a complete answer was sent; rejected: answered 4xx by validation (vLLM's own
+    finished: a complete answer was sent; rejected: answered 4xx by validation (the server's own
     errors); faulted: ended by an injected fault; cancelled: the client went away first;
     errored: the simulator itself failed (a bug).
     """

@@ -50,6 +50,10 @@ class Position:
             entries.setdefault(token_id, logprob)
         return entries
 
+    def top(self, n: int) -> tuple[tuple[int, float], ...]:
+        """The n most likely (id, logprob) pairs, best first; the sampled token only if it ranks."""
+        return self.ranked[: max(0, n)]
+
     def rank_of(self, token_id: int) -> int:
         for rank, (candidate, _) in enumerate(self.ranked, start=1):
             if candidate == token_id:
@@ -87,6 +91,17 @@ class SyntheticLogprobs:
         logprobs = _descending_logprobs(rng, len(order))
         ranked = tuple(zip(order, logprobs, strict=True))
         return Position(sampled, logprobs[rank - 1], rank, ranked)
+
+    def output(self, key: str, ids: Sequence[int], start: int = 0, end: int | None = None) -> list[Position]:
+        """Positions `start..end` of a generated sequence; neighbouring ids serve as alternatives."""
+        stop = len(ids) if end is None else end
+        return [
+            self.position(key, i, ids[i], (*ids[i + 1 : i + 3], *ids[max(0, i - 1) : i])) for i in range(start, stop)
+        ]
+
+    def prompt(self, key: str, ids: Sequence[int]) -> list[Position | None]:
+        """Positions of a prompt; the first token has no context, hence no distribution (None)."""
+        return [None, *(self.position(key, j, ids[j], ids[j + 1 : j + 3]) for j in range(1, len(ids)))]
 
     def _alternatives(self, rng: random.Random, index: int, sampled: int, context: Sequence[int]) -> list[int]:
         slots: list[int | None] = [None] * NUM_CANDIDATES
@@ -152,3 +167,27 @@ def _descending_logprobs(rng: random.Random, count: int) -> list[float]:
         values.append(math.log(prob))
         prob *= ratio * rng.uniform(0.97, 1.0)  # jitter, still strictly decreasing
     return [round(v, 6) for v in values]
+
+
+Ranking = list[tuple[int, float | None]]  # (token id, logprob or None for -inf), best first
+
+
+def nucleus(position: Position, *, top_k: int | None, top_p: float | None) -> tuple[Ranking, float]:
+    """The ranking after top-k / top-p truncation, renormalized; truncated entries get None (-inf).
+
+    Servers that compute logprobs after the sampling warpers (TGI always, SGLang when the request
+    truncates) show such values: the kept ones renormalized, the others -inf. The kept set always
+    reaches down to the sampled token, which was drawn from it. Returns (ranking, sampled logprob).
+    """
+    probs = [math.exp(lp) for _, lp in position.ranked]
+    total = sum(probs)  # the synthetic list is the whole distribution the simulator knows
+    cut, mass = 0, 0.0
+    for prob in probs:
+        if (top_k is not None and 0 < top_k <= cut) or (top_p is not None and cut and mass >= top_p * total):
+            break
+        cut += 1
+        mass += prob
+    cut = max(cut, position.sampled_rank)
+    norm = math.log(sum(probs[:cut]))
+    ranking = [(i, (lp - norm) if rank < cut else None) for rank, (i, lp) in enumerate(position.ranked)]
+    return ranking, position.sampled_logprob - norm

@@ -15,6 +15,7 @@ from gateway.logprobs.tokens import Token
 from gateway.logprobs.vocab import Vocab
 from gateway.translate.grouping import TextGrouper
 from gateway.translate.response_object import new_id
+from gateway.upstreams.base import ToolCallDelta
 
 
 def chat_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -44,6 +45,8 @@ class ChatStream:
         self._grouper = TextGrouper(vocab)
         self._text: list[str] = []
         self._entries: list[dict[str, Any]] = []
+        self._reasoning: list[str] = []
+        self._tool_calls: dict[int, dict[str, Any]] = {}  # upstream index -> the call so far
 
     def _chunk(self, delta: dict[str, Any], logprobs: Any, finish_reason: str | None = None) -> dict[str, Any]:
         chunk: dict[str, Any] = {
@@ -74,6 +77,32 @@ class ChatStream:
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]:
         return self._groups_to_chunks(self._grouper.feed(tokens, upstream_text))
 
+    def feed_reasoning(self, text: str | None) -> list[dict[str, Any]]:
+        """A reasoning model's thinking, as vLLM's chat API spells it (`reasoning_content`), no logprobs."""
+        if not text:
+            return []
+        self._reasoning.append(text)
+        return [self._chunk({"reasoning_content": text}, None)]
+
+    def feed_tool_calls(self, deltas: Iterable[ToolCallDelta]) -> list[dict[str, Any]]:
+        """Tool calls (or pieces of them) passed on in OpenAI's chunk shape: id, type and name first."""
+        pieces = []
+        for delta in deltas:
+            piece: dict[str, Any] = {"index": delta.index}
+            call = self._tool_calls.get(delta.index)
+            if call is None:
+                call = self._tool_calls[delta.index] = {"id": delta.id or new_id("call"), "type": "function",
+                                                        "function": {"name": "", "arguments": ""}}
+                piece.update(id=call["id"], type="function")
+            function: dict[str, Any] = {}
+            if delta.name:
+                call["function"]["name"] = function["name"] = delta.name
+            call["function"]["arguments"] += delta.arguments
+            function["arguments"] = delta.arguments
+            piece["function"] = function
+            pieces.append(piece)
+        return [self._chunk({"tool_calls": pieces}, None)] if pieces else []
+
     def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
         chunks = self._groups_to_chunks(self._grouper.finish(finish_reason))
         chunks.append(self._chunk({}, None, normalize_finish(finish_reason)))
@@ -85,7 +114,13 @@ class ChatStream:
     def final(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
         """The non-streamed `chat.completion` body (feed everything first)."""
         self._groups_to_chunks(self._grouper.finish(finish_reason))
-        message = {"role": "assistant", "content": "".join(self._text), "refusal": None}
+        text = "".join(self._text)
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if self._tool_calls:
+            message["tool_calls"] = [self._tool_calls[index] for index in sorted(self._tool_calls)]
+            message["content"] = text or None  # OpenAI's shape for a turn that only calls tools
+        if self._reasoning:
+            message["reasoning_content"] = "".join(self._reasoning)
         logprobs = {"content": self._entries, "refusal": None} if self.logprobs else None
         return {
             "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,

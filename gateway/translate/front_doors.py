@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -10,10 +11,15 @@ from gateway.errors import GatewayError, bad_request
 from gateway.translate.generation import Generation
 from gateway.translate.request import (
     RequestTranslationError,
+    chat_response_format,
+    chat_tool_options,
+    has_image_parts,
+    reasoning_effort,
     responses_to_messages,
     vendor_extensions,
     wants_logprobs,
 )
+from gateway.translate.response_object import ResponseSettings
 from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.errors import validation_error_to_openai
@@ -49,7 +55,8 @@ def _one_choice(body: dict[str, Any]) -> None:
         raise GatewayError(400, "Only n=1 is supported.", param="n", code="unsupported_parameter")
 
 
-def generation_from_responses(body: dict[str, Any]) -> Generation:
+def generation_from_responses(body: dict[str, Any], history: Sequence[dict[str, Any]] = ()) -> Generation:
+    """`history`: the items `previous_response_id` replays (its input items, then its output)."""
     _validate(CreateResponseRequest, body)
     given = body.get("input")
     if given is None or given == "" or given == []:
@@ -58,13 +65,95 @@ def generation_from_responses(body: dict[str, Any]) -> Generation:
         messages = responses_to_messages(body)
     except RequestTranslationError as exc:
         raise bad_request(str(exc), exc.param) from None
+    if history:
+        messages = _after_history(body, history)
     return Generation(
         model=body["model"], messages=messages,
-        plain_input=given if isinstance(given, str) and not body.get("instructions") else None,
+        plain_input=given if isinstance(given, str) and not body.get("instructions") and not history else None,
         max_tokens=body.get("max_output_tokens"), temperature=body.get("temperature"), top_p=body.get("top_p"),
         user=body.get("user"), logprobs=wants_logprobs(body), top_k_logprobs=body.get("top_logprobs") or 0,
         stream=bool(body.get("stream")), extensions=vendor_extensions(body),
+        tool_options=chat_tool_options(body), response_format=chat_response_format(body), format_param="text.format",
+        reasoning_effort=reasoning_effort(body), has_images=has_image_parts(messages), input_param="input",
     )
+
+
+def responses_settings(body: dict[str, Any], gen: Generation) -> ResponseSettings:
+    """What the Response echoes of its (validated) request: given values, else the defaults it ran with.
+
+    Both contracts are met: numbers are never null, function tools carry description, parameters
+    and strict, a json_schema format carries description and a boolean strict.
+    """
+    text = body.get("text") or {}
+    return ResponseSettings(
+        model=body["model"],
+        instructions=body.get("instructions"),
+        max_output_tokens=body.get("max_output_tokens"),
+        temperature=_number(body, "temperature", 1.0),
+        top_p=_number(body, "top_p", 1.0),
+        presence_penalty=_number(body, "presence_penalty", 0.0),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0),
+        top_logprobs=gen.top_k_logprobs,
+        metadata=body.get("metadata") or {},
+        user=body.get("user"),
+        include_logprobs=gen.logprobs,
+        text_format=_echo_format(text.get("format")),
+        verbosity=text.get("verbosity") or "medium",
+        tools=[_echo_tool(tool) for tool in body.get("tools") or []],
+        tool_choice=body.get("tool_choice") if body.get("tool_choice") is not None else "auto",
+        parallel_tool_calls=body.get("parallel_tool_calls") is not False,
+        max_tool_calls=body.get("max_tool_calls"),
+        reasoning=_echo_reasoning(body.get("reasoning")),
+        truncation=body.get("truncation") or "disabled",
+        safety_identifier=body.get("safety_identifier"),
+        prompt_cache_key=body.get("prompt_cache_key"),
+    )
+
+
+def _number(body: dict[str, Any], key: str, default: float) -> float:
+    value = body.get(key)
+    return default if value is None else value
+
+
+def _echo_format(fmt: dict[str, Any] | None) -> dict[str, Any]:
+    if not fmt or fmt.get("type") not in ("json_object", "json_schema"):
+        return {"type": "text"}
+    if fmt["type"] == "json_object":
+        return {"type": "json_object"}
+    return {"type": "json_schema", "name": fmt["name"], "schema": fmt["schema"],
+            "description": fmt.get("description"), "strict": bool(fmt.get("strict"))}
+
+
+def _echo_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "name": tool["name"], "description": tool.get("description"),
+            "parameters": tool.get("parameters"), "strict": tool.get("strict")}
+
+
+# The spec's effort values; the SDK's `minimal` and `max` echo as their nearest neighbours.
+_EFFORT_ECHO = {"minimal": "low", "max": "xhigh"}
+
+
+def _echo_reasoning(reasoning: dict[str, Any] | None) -> dict[str, Any] | None:
+    if reasoning is None:
+        return None
+    effort = reasoning.get("effort")
+    summary = reasoning.get("summary") or reasoning.get("generate_summary")
+    return {"effort": _EFFORT_ECHO.get(effort, effort), "summary": summary}
+
+
+def _after_history(body: dict[str, Any], history: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """This turn's instructions, then the replayed conversation, then this turn's input.
+
+    Only this turn's `instructions` apply: the previous turns' are not carried over. One translation
+    over history and input keeps items that span them together (a tool call and its output). The
+    input alone has translated already, so an error here is the stored history's.
+    """
+    given = body["input"]
+    items = [{"role": "user", "content": given}] if isinstance(given, str) else list(given)
+    try:
+        return responses_to_messages({"instructions": body.get("instructions"), "input": [*history, *items]})
+    except RequestTranslationError as exc:
+        raise bad_request(f"The previous response cannot be replayed: {exc}", "previous_response_id") from None
 
 
 def generation_from_chat(body: dict[str, Any]) -> Generation:
@@ -79,6 +168,8 @@ def generation_from_chat(body: dict[str, Any]) -> Generation:
         user=body.get("user"), logprobs=bool(body.get("logprobs")), top_k_logprobs=body.get("top_logprobs") or 0,
         stream=bool(body.get("stream")),
         extensions={k: v for k, v in body.items() if k not in CHAT_FIELDS},
+        tool_options={k: body[k] for k in ("tools", "tool_choice", "parallel_tool_calls") if body.get(k) is not None},
+        response_format=body.get("response_format"), has_images=has_image_parts(body["messages"]),
     )
 
 

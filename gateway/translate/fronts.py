@@ -16,12 +16,14 @@ from gateway.translate.completions_front import CompletionsStream
 from gateway.translate.generation import Generation
 from gateway.translate.response_object import ResponseSettings, usage_object
 from gateway.translate.stream import ResponsesStream
+from gateway.upstreams.base import Step
 
 
 class FrontTranslator(Protocol):
     def start(self) -> list[dict[str, Any]]: ...
     def echo(self, text: str, tokens: list[Token]) -> list[dict[str, Any]]: ...
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]: ...
+    def feed_step(self, step: Step) -> list[dict[str, Any]]: ...
     def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]: ...
     def final(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]: ...
     def fail(self, message: str) -> list[dict[str, Any]]: ...
@@ -54,6 +56,12 @@ class ResponsesFront:
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]:
         return self.stream.feed(tokens, upstream_text)
 
+    def feed_step(self, step: Step) -> list[dict[str, Any]]:
+        """Reasoning, then message text, then tool calls: the order a model writes them in."""
+        events = self.stream.feed_reasoning(step.reasoning, step.reasoning_tokens)
+        events += self.stream.feed(step.tokens, step.text)
+        return events + self.stream.feed_tool_calls(step.tool_calls)
+
     def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
         return self.stream.finish(finish_reason, responses_usage(usage))
 
@@ -77,6 +85,11 @@ class ChatFront:
 
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]:
         return self.stream.feed(tokens, upstream_text)
+
+    def feed_step(self, step: Step) -> list[dict[str, Any]]:
+        chunks = self.stream.feed_reasoning(step.reasoning)
+        chunks += self.stream.feed(step.tokens, step.text)
+        return chunks + self.stream.feed_tool_calls(step.tool_calls)
 
     def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
         return self.stream.finish(finish_reason, usage)
@@ -103,6 +116,10 @@ class CompletionsFront:
 
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]:
         return self.stream.feed(tokens, upstream_text)
+
+    def feed_step(self, step: Step) -> list[dict[str, Any]]:
+        # Legacy completions has no place for reasoning or tool calls; the text is what it shows.
+        return self.stream.feed(step.tokens, step.text)
 
     def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
         return self.stream.finish(finish_reason, usage)

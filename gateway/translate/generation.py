@@ -33,6 +33,22 @@ class Generation:
     echo_prompt: bool = False
     stream: bool = False
     extensions: dict[str, Any] = field(default_factory=dict)
+    # Chat-only options, already in chat's shape: `tools`, `tool_choice`, `parallel_tool_calls`.
+    tool_options: dict[str, Any] = field(default_factory=dict)
+    response_format: dict[str, Any] | None = None
+    format_param: str = "response_format"  # how the client named it (Responses: `text.format`)
+    reasoning_effort: str | None = None
+    has_images: bool = False  # some message has an image part (a chat upstream's job)
+    input_param: str = "messages"  # where the client put the conversation (Responses: `input`)
+
+    def chat_options(self) -> dict[str, Any]:
+        """What only a chat upstream can take: tools, structured output, reasoning effort."""
+        out = dict(self.tool_options)
+        if self.response_format is not None:
+            out["response_format"] = self.response_format
+        if self.reasoning_effort is not None:
+            out["reasoning_effort"] = self.reasoning_effort
+        return out
 
     def sampling(self) -> dict[str, Any]:
         """The OpenAI-style sampling fields set by the client (unset ones are left to the server)."""

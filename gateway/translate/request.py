@@ -32,6 +32,8 @@ def _content_text(content: Any, param: str) -> str | list[dict[str, Any]]:
         kind = part.get("type")
         if kind in ("input_text", "output_text", "text"):
             parts.append({"type": "text", "text": part.get("text", "")})
+        elif kind == "refusal":  # an earlier assistant turn that declined: its words are the history
+            parts.append({"type": "text", "text": part.get("refusal", "")})
         elif kind == "input_image":
             url = part.get("image_url")
             if not url:
@@ -45,8 +47,26 @@ def _content_text(content: Any, param: str) -> str | list[dict[str, Any]]:
     return parts
 
 
+def _tool_call(item: dict[str, Any]) -> dict[str, Any]:
+    return {"id": item["call_id"], "type": "function",
+            "function": {"name": item["name"], "arguments": item.get("arguments", "")}}
+
+
+def _tool_output(item: dict[str, Any], param: str) -> str:
+    content = _content_text(item.get("output", ""), param)
+    if not isinstance(content, str):
+        raise RequestTranslationError("a function_call_output can only carry text for a chat upstream", param)
+    return content
+
+
 def responses_to_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """`instructions` + `input` -> chat messages (instructions first, as a system message)."""
+    """`instructions` + `input` -> chat messages (instructions first, as a system message).
+
+    `function_call` items become `tool_calls` of an assistant message (joining the assistant turn
+    right before them, as chat templates expect one assistant message per turn), and
+    `function_call_output` items `role: "tool"` messages keyed by `call_id`. Reasoning items are
+    dropped: chat upstreams take no reasoning history (reasoning models' templates strip it anyway).
+    """
     messages: list[dict[str, Any]] = []
     if body.get("instructions"):
         messages.append({"role": "system", "content": body["instructions"]})
@@ -56,10 +76,65 @@ def responses_to_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         return messages
     for index, item in enumerate(given or []):
         kind = item.get("type", "message")
-        if kind != "message":
+        if kind == "message":
+            messages.append({"role": item["role"],
+                             "content": _content_text(item["content"], f"input[{index}].content")})
+        elif kind == "function_call":
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(_tool_call(item))
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [_tool_call(item)]})
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "tool_call_id": item["call_id"],
+                             "content": _tool_output(item, f"input[{index}].output")})
+        elif kind != "reasoning":
             raise RequestTranslationError(f"input item type {kind!r} is not supported yet", f"input[{index}].type")
-        messages.append({"role": item["role"], "content": _content_text(item["content"], f"input[{index}].content")})
     return messages
+
+
+def chat_tool_options(body: dict[str, Any]) -> dict[str, Any]:
+    """Responses `tools` / `tool_choice` / `parallel_tool_calls` -> chat's, only those given.
+
+    Responses function tools are flat, chat's nest under `function`. Chat has no `allowed_tools`
+    choice: the same effect is the allowed subset as `tools` with its mode as `tool_choice`.
+    """
+    tools = [tool for tool in body.get("tools") or [] if tool.get("type", "function") == "function"]
+    choice = body.get("tool_choice")
+    out: dict[str, Any] = {}
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        allowed = {t.get("name") for t in choice.get("tools") or []}
+        tools = [tool for tool in tools if tool.get("name") in allowed]
+        choice = choice.get("mode", "auto")
+    if tools:
+        out["tools"] = [{"type": "function", "function": _function(tool)} for tool in tools]
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        out["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+    elif isinstance(choice, str):
+        out["tool_choice"] = choice
+    if body.get("parallel_tool_calls") is not None:
+        out["parallel_tool_calls"] = body["parallel_tool_calls"]
+    return out
+
+
+def _function(tool: dict[str, Any]) -> dict[str, Any]:
+    return {key: tool[key] for key in ("name", "description", "parameters", "strict") if tool.get(key) is not None}
+
+
+def chat_response_format(body: dict[str, Any]) -> dict[str, Any] | None:
+    """Responses `text.format` (flat) -> chat `response_format` (json_schema nested); None for text."""
+    fmt = (body.get("text") or {}).get("format") or {}
+    kind = fmt.get("type")
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        schema = {key: fmt[key] for key in ("name", "description", "schema", "strict") if fmt.get(key) is not None}
+        return {"type": "json_schema", "json_schema": schema}
+    return None
+
+
+def reasoning_effort(body: dict[str, Any]) -> str | None:
+    return (body.get("reasoning") or {}).get("effort")
 
 
 def wants_logprobs(body: dict[str, Any]) -> bool:
@@ -69,3 +144,8 @@ def wants_logprobs(body: dict[str, Any]) -> bool:
 
 def vendor_extensions(body: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in body.items() if key not in RESPONSES_FIELDS}
+
+
+def has_image_parts(messages: list[dict[str, Any]]) -> bool:
+    return any(isinstance(m.get("content"), list) and any(p.get("type") == "image_url" for p in m["content"])
+               for m in messages)

@@ -41,6 +41,10 @@ class ResponseSettings:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     include_logprobs: bool = False
+    reasoning: dict[str, Any] | None = None
+    max_tool_calls: int | None = None
+    truncation: str = "disabled"
+    verbosity: str = "medium"
 
 
 def output_text_part(text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -49,6 +53,17 @@ def output_text_part(text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any
 
 def message_item(item_id: str, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def reasoning_item(item_id: str, status: str, text: str | None) -> dict[str, Any]:
+    """A reasoning item: the upstream's thinking as one `reasoning_text` part (None: no part yet)."""
+    content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
+
+
+def function_call_item(item_id: str, status: str, call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
+            "arguments": arguments}
 
 
 def usage_object(input_tokens: int, output_tokens: int, cached_tokens: int = 0,
@@ -85,25 +100,25 @@ def response_object(
         "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
         "instructions": settings.instructions,
         "max_output_tokens": settings.max_output_tokens,
-        "max_tool_calls": None,
+        "max_tool_calls": settings.max_tool_calls,
         "model": settings.model,
         "output": output,
         "parallel_tool_calls": settings.parallel_tool_calls,
         "previous_response_id": settings.previous_response_id,
         "prompt_cache_key": settings.prompt_cache_key,
-        "reasoning": None,
+        "reasoning": settings.reasoning,
         "safety_identifier": settings.safety_identifier,
         "service_tier": settings.service_tier,
         "store": settings.store,
         "temperature": settings.temperature,
-        "text": {"format": settings.text_format, "verbosity": "medium"},
+        "text": {"format": settings.text_format, "verbosity": settings.verbosity},
         "tool_choice": settings.tool_choice,
         "tools": settings.tools,
         "top_logprobs": settings.top_logprobs,
         "top_p": settings.top_p,
         "presence_penalty": settings.presence_penalty,
         "frequency_penalty": settings.frequency_penalty,
-        "truncation": "disabled",
+        "truncation": settings.truncation,
         "usage": usage,
         "user": settings.user,
         "metadata": settings.metadata,

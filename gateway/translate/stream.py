@@ -8,12 +8,16 @@ Text is built from the tokens' exact bytes. A token that ends inside a character
 character completes, so each `output_text.delta` carries the logprobs of exactly the tokens whose
 text it adds. Tokens left dangling inside an unfinished character when generation stops (a length
 cap) go out in a last delta with empty text: their logprobs are kept, the text cannot hold them.
+
+Output items come one at a time, in the order the upstream produced them (a reasoning item, the
+message, function calls): an item is closed (its `.done` events) before the next one is added.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.logprobs.render import render_responses_entry
@@ -22,12 +26,48 @@ from gateway.logprobs.vocab import Vocab
 from gateway.translate.grouping import TextGrouper
 from gateway.translate.response_object import (
     ResponseSettings,
+    function_call_item,
     message_item,
     new_id,
     output_text_part,
+    reasoning_item,
     response_object,
     status_for_finish,
 )
+from gateway.upstreams.base import ToolCallDelta, UpstreamFormatError
+
+_MESSAGE = "message"
+
+
+@dataclass(slots=True)
+class _Reasoning:
+    id: str
+    output_index: int
+    text: list[str] = field(default_factory=list)
+    status: str | None = None  # set when closed
+
+    def item(self, status: str) -> dict[str, Any]:
+        return reasoning_item(self.id, status, "".join(self.text))
+
+
+@dataclass(slots=True)
+class _Call:
+    id: str
+    output_index: int
+    call_id: str
+    name: str
+    arguments: list[str] = field(default_factory=list)
+    status: str | None = None
+
+    def item(self, status: str) -> dict[str, Any]:
+        return function_call_item(self.id, status, self.call_id, self.name, "".join(self.arguments))
+
+
+def _call_id(upstream_id: str | None) -> str:
+    """OpenAI's call ids start `call_`; the upstream's id is kept inside, so it stays recognisable."""
+    if upstream_id is None:
+        return new_id("call")
+    return upstream_id if upstream_id.startswith("call_") else f"call_{upstream_id}"
 
 
 class ResponsesStream:
@@ -43,8 +83,19 @@ class ResponsesStream:
         self._text: list[str] = []
         self._logprobs: list[dict[str, Any]] = []
         self._grouper = TextGrouper(vocab)
-        self._message_open = False
+        # Output items in order: the message (as _MESSAGE), reasoning items and function calls.
+        self._items: list[_Reasoning | _Call | str] = []
+        self._open: _Reasoning | _Call | str | None = None
+        self._message_index: int | None = None
+        self._message_status: str | None = None
+        self._calls: dict[int, _Call] = {}
+        self._pending_calls: dict[int, list[ToolCallDelta]] = {}  # pieces that came before the name
+        self.reasoning_tokens = 0
         self.finished = False
+
+    @property
+    def _message_open(self) -> bool:
+        return self._message_index is not None
 
     # --- events -------------------------------------------------------------------------------
 
@@ -62,22 +113,68 @@ class ResponsesStream:
         return [self._event("response.created", response=snapshot),
                 self._event("response.in_progress", response=snapshot)]
 
+    def _add(self, item: _Reasoning | _Call | str) -> list[dict[str, Any]]:
+        """Close the item being streamed, then make `item` the open one."""
+        events = self._close_open("completed")
+        self._items.append(item)
+        self._open = item
+        return events
+
     def _open_message(self) -> list[dict[str, Any]]:
         if self._message_open:
             return []
-        self._message_open = True
+        events = self._add(_MESSAGE)
+        self._message_index = len(self._items) - 1
+        index = self._message_index
+        events.append(self._event("response.output_item.added", output_index=index,
+                                  item=message_item(self.message_id, "in_progress", [])))
+        events.append(self._event("response.content_part.added", item_id=self.message_id, output_index=index,
+                                  content_index=0, part=output_text_part("", [])))
+        return events
+
+    def _close_open(self, status: str) -> list[dict[str, Any]]:
+        item, self._open = self._open, None
+        if item is None:
+            return []
+        if item == _MESSAGE:
+            return self._close_message(status)
+        assert not isinstance(item, str)
+        item.status = status
+        index = item.output_index
+        if isinstance(item, _Reasoning):
+            text = "".join(item.text)
+            return [
+                self._event("response.reasoning_text.done", item_id=item.id, output_index=index, content_index=0,
+                            text=text),
+                self._event("response.content_part.done", item_id=item.id, output_index=index, content_index=0,
+                            part={"type": "reasoning_text", "text": text}),
+                self._event("response.output_item.done", output_index=index, item=item.item(status)),
+            ]
         return [
-            self._event("response.output_item.added", output_index=0,
-                        item=message_item(self.message_id, "in_progress", [])),
-            self._event("response.content_part.added", item_id=self.message_id, output_index=0,
-                        content_index=0, part=output_text_part("", [])),
+            self._event("response.function_call_arguments.done", item_id=item.id, output_index=index,
+                        name=item.name, arguments="".join(item.arguments)),
+            self._event("response.output_item.done", output_index=index, item=item.item(status)),
         ]
+
+    def _close_message(self, status: str) -> list[dict[str, Any]]:
+        # Bytes still waiting for the rest of a character go out now, in a delta with no text.
+        events = self._message_deltas(self._grouper.finish("length" if status == "incomplete" else None))
+        self._message_status = status
+        index = self._message_index
+        part = output_text_part(self.text, self._logprobs)
+        events.append(self._event("response.output_text.done", item_id=self.message_id, output_index=index,
+                                  content_index=0, text=self.text, logprobs=self._logprobs))
+        events.append(self._event("response.content_part.done", item_id=self.message_id, output_index=index,
+                                  content_index=0, part=part))
+        events.append(self._event("response.output_item.done", output_index=index,
+                                  item=message_item(self.message_id, status, [part])))
+        return events
 
     def _delta(self, text: str, tokens: list[Token]) -> dict[str, Any]:
         entries = self._entries(tokens)
         self._text.append(text)
         self._logprobs.extend(entries)
-        return self._event("response.output_text.delta", item_id=self.message_id, output_index=0,
+        return self._event("response.output_text.delta", item_id=self.message_id, output_index=self._message_index,
                            content_index=0, delta=text, logprobs=entries)
 
     def _entries(self, tokens: Iterable[Token]) -> list[dict[str, Any]]:
@@ -89,14 +186,72 @@ class ResponsesStream:
     # --- input --------------------------------------------------------------------------------
 
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]:
-        """Take one upstream step: its tokens (exact bytes) and the text delta it reported."""
+        """Take one upstream step of message text: its tokens (exact bytes) and the text delta it reported."""
         return self._deltas(self._grouper.feed(tokens, upstream_text))
 
     def _deltas(self, groups: list[tuple[str, list[Token]]]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         for text, tokens in groups:
-            events.extend(self._open_message())
+            if self._open != _MESSAGE:
+                if self._calls and not text.strip():
+                    continue  # line breaks a tool parser left between or after calls: no message of their own
+                if self._message_status is not None:
+                    raise UpstreamFormatError("message text continued after a tool call began")
+                events.extend(self._open_message())
             events.append(self._delta(text, tokens))
+        return events
+
+    def _message_deltas(self, groups: list[tuple[str, list[Token]]]) -> list[dict[str, Any]]:
+        return [self._delta(text, tokens) for text, tokens in groups]
+
+    def feed_reasoning(self, text: str | None, tokens: Iterable[Token] = ()) -> list[dict[str, Any]]:
+        """Thinking text from a reasoning parser. Its tokens are counted, never shown as logprobs."""
+        self.reasoning_tokens += sum(1 for _ in tokens)
+        if not text:
+            return []
+        events: list[dict[str, Any]] = []
+        item = self._open
+        if not isinstance(item, _Reasoning):
+            item = _Reasoning(new_id("rs"), len(self._items))
+            events += self._add(item)
+            events += [
+                self._event("response.output_item.added", output_index=item.output_index,
+                            item=reasoning_item(item.id, "in_progress", None)),
+                self._event("response.content_part.added", item_id=item.id, output_index=item.output_index,
+                            content_index=0, part={"type": "reasoning_text", "text": ""}),
+            ]
+        item.text.append(text)
+        events.append(self._event("response.reasoning_text.delta", item_id=item.id, output_index=item.output_index,
+                                  content_index=0, delta=text))
+        return events
+
+    def feed_tool_calls(self, deltas: Iterable[ToolCallDelta]) -> list[dict[str, Any]]:
+        """Tool calls, whole or in pieces; a call's item is added once its name is known."""
+        events: list[dict[str, Any]] = []
+        for delta in deltas:
+            call = self._calls.get(delta.index)
+            if call is None:
+                pieces = self._pending_calls.setdefault(delta.index, [])
+                pieces.append(delta)
+                name = next((p.name for p in pieces if p.name), None)
+                if name is None:
+                    continue  # wait for the name: `output_item.added` must carry it
+                del self._pending_calls[delta.index]
+                call = _Call(new_id("fc"), len(self._items), _call_id(next((p.id for p in pieces if p.id), None)),
+                             name)
+                self._calls[delta.index] = call
+                events += self._add(call)
+                events.append(self._event("response.output_item.added", output_index=call.output_index,
+                                          item=call.item("in_progress")))
+                arguments = "".join(p.arguments for p in pieces)
+            elif call is not self._open:
+                raise UpstreamFormatError(f"tool call {delta.index} continued after another output began")
+            else:
+                arguments = delta.arguments
+            if arguments:
+                call.arguments.append(arguments)
+                events.append(self._event("response.function_call_arguments.delta", item_id=call.id,
+                                          output_index=call.output_index, delta=arguments))
         return events
 
     # --- output -------------------------------------------------------------------------------
@@ -109,21 +264,20 @@ class ResponsesStream:
     def logprobs(self) -> list[dict[str, Any]]:
         return self._logprobs
 
+    def _end(self, finish_reason: str | None) -> tuple[list[dict[str, Any]], str, str | None]:
+        """Flush held tokens, make sure there is an output item, close the open one."""
+        events = self._deltas(self._grouper.finish(finish_reason))
+        if self._pending_calls:
+            raise UpstreamFormatError("a tool call never got its name")
+        if not self._items:
+            events += self._open_message()  # an empty answer is still a message
+        status, reason = status_for_finish(finish_reason)
+        events += self._close_open("incomplete" if status == "incomplete" else "completed")
+        return events, status, reason
+
     def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
-        """Close the message and end with `response.completed` or `response.incomplete`."""
-        events = self._open_message()
-        events += self._deltas(self._grouper.finish(finish_reason))
-        status, _ = status_for_finish(finish_reason)
-        item_status = "incomplete" if status == "incomplete" else "completed"
-        part = output_text_part(self.text, self._logprobs)
-        item = message_item(self.message_id, item_status, [part])
-        events += [
-            self._event("response.output_text.done", item_id=self.message_id, output_index=0, content_index=0,
-                        text=self.text, logprobs=self._logprobs),
-            self._event("response.content_part.done", item_id=self.message_id, output_index=0, content_index=0,
-                        part=part),
-            self._event("response.output_item.done", output_index=0, item=item),
-        ]
+        """Close the output and end with `response.completed` or `response.incomplete`."""
+        events, _, _ = self._end(finish_reason)
         final = self.final_response(finish_reason, usage)
         events.append(self._event(f"response.{final['status']}", response=final))
         self.finished = True
@@ -131,18 +285,34 @@ class ResponsesStream:
 
     def final_response(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
         """The complete Response (also what a non-streamed request returns)."""
-        self._deltas(self._grouper.finish(finish_reason))
+        self._end(finish_reason)
         status, reason = status_for_finish(finish_reason)
-        item_status = "incomplete" if status == "incomplete" else "completed"
-        item = message_item(self.message_id, item_status, [output_text_part(self.text, self._logprobs)])
-        return self._snapshot(status, output=[item], usage=usage, incomplete_reason=reason,
+        return self._snapshot(status, output=self._output(), usage=self._usage(usage), incomplete_reason=reason,
                               completed_at=int(time.time()))
+
+    def _output(self, open_status: str = "incomplete") -> list[dict[str, Any]]:
+        """Every item so far; one never closed (a failure cut it short) gets `open_status`."""
+        output = []
+        for item in self._items:
+            if item == _MESSAGE:
+                status = self._message_status or open_status
+                output.append(message_item(self.message_id, status, [output_text_part(self.text, self._logprobs)]))
+            else:
+                assert not isinstance(item, str)
+                output.append(item.item(item.status or open_status))
+        return output
+
+    def _usage(self, usage: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The upstream's usage, with the reasoning tokens we counted when it did not count them."""
+        if usage is None or not self.reasoning_tokens:
+            return usage
+        details = usage.get("output_tokens_details") or {}
+        if details.get("reasoning_tokens"):
+            return usage
+        return {**usage, "output_tokens_details": {**details, "reasoning_tokens": self.reasoning_tokens}}
 
     def fail(self, message: str, code: str = "server_error") -> list[dict[str, Any]]:
         """End a stream whose upstream failed after it began: one terminal `response.failed`."""
         self.finished = True
-        output = []
-        if self._message_open:
-            output = [message_item(self.message_id, "incomplete", [output_text_part(self.text, self._logprobs)])]
-        failed = self._snapshot("failed", output=output, error={"code": code, "message": message})
+        failed = self._snapshot("failed", output=self._output(), error={"code": code, "message": message})
         return [self._event("response.failed", response=failed)]

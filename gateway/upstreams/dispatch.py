@@ -7,7 +7,7 @@ from gateway.routing import Route
 from gateway.translate.chat_template import ChatTemplateError, render_prompt
 from gateway.translate.generation import Generation
 from gateway.upstreams import llamacpp, openai, sglang, tgi, vllm
-from gateway.upstreams.base import UpstreamCall
+from gateway.upstreams.base import UpstreamCall, unsupported
 from gateway.upstreams.openai_compatible import Flavor, chat_call, completions_call
 
 FLAVORS: dict[str, Flavor] = {
@@ -33,12 +33,24 @@ def build_call(route: Route, gen: Generation, k_param: str) -> UpstreamCall:
     token_ids = route.vocab is not None
     if upstream.api == "chat":
         return chat_call(flavor, gen, route.upstream_model, cap=cap, token_ids=token_ids, param=k_param)
+    _refuse_chat_only(gen, upstream.api)
     if upstream.api == "generate":
         if upstream.dialect == "tgi":
             return tgi.generate_call(gen, prompt_for(route, gen), cap=cap, param=k_param)
         return sglang.generate_call(gen, prompt_for(route, gen), cap=cap, param=k_param)
     return completions_call(flavor, gen, route.upstream_model, prompt_for(route, gen), cap=cap,
                             token_ids=token_ids, param=k_param)
+
+
+def _refuse_chat_only(gen: Generation, api: str) -> None:
+    """Tools and images need a chat server (its tool parser, its image processor); a prompt cannot carry them."""
+    if gen.tool_options.get("tools"):
+        raise unsupported(f"Tools need a chat upstream; this model is served through the {api} API.", "tools")
+    if gen.has_images:
+        raise unsupported(f"Images need a chat upstream; this model is served through the {api} API.",
+                          gen.input_param)
+    if api == "generate" and (gen.response_format or {}).get("type", "text") != "text":
+        raise unsupported("Structured output is not supported through a native generate API.", gen.format_param)
 
 
 def parse_options(route: Route):

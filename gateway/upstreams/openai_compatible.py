@@ -9,13 +9,17 @@ One implementation takes those differences as a `Flavor`, so no dialect keeps it
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.parse import LogprobParseError, Parsed, ParseOptions, parse_chat, parse_completions
+from gateway.logprobs.realign import realign
+from gateway.logprobs.segment import HELD_BYTES, split_content
 from gateway.translate.generation import Generation
-from gateway.upstreams.base import Step, UpstreamCall, UpstreamFormatError, unsupported
+from gateway.upstreams.base import Step, ToolCallDelta, UpstreamCall, UpstreamFormatError, unsupported
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +91,77 @@ def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool
         raise UpstreamFormatError("upstream content is not a string")
     logprobs = choice.get("logprobs")
     content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
-    parsed = _logprobs_or_fail(parse_chat, content, options, _text_bound(options, streaming, text))
-    return Step(text, parsed.tokens, choice.get("finish_reason"), _usage(body), report=parsed.report)
+    reasoning = _reasoning(container)
+    tool_calls = _tool_calls(container.get("tool_calls"))
+    if reasoning is None and not tool_calls:
+        parsed = _logprobs_or_fail(parse_chat, content, options, _text_bound(options, streaming, text))
+        return Step(text, parsed.tokens, choice.get("finish_reason"), _usage(body), report=parsed.report)
+    step = Step(text, [], choice.get("finish_reason"), _usage(body), reasoning=reasoning, tool_calls=tool_calls)
+    _set_aside(step, content, options, streaming)
+    return step
+
+
+def _reasoning(container: Mapping[str, Any]) -> str | None:
+    """A reasoning parser's output: `reasoning` (newer vLLM) or `reasoning_content` (older vLLM, SGLang).
+
+    An empty string still marks a thinking step (its character is not complete yet); None: none.
+    """
+    found = None
+    for key in ("reasoning", "reasoning_content"):
+        value = container.get(key)
+        if isinstance(value, str):
+            if value:
+                return value
+            found = value
+    return found
+
+
+def _tool_calls(raw: Any) -> list[ToolCallDelta]:
+    """`tool_calls` of a message (whole calls) or of a delta (pieces keyed by `index`)."""
+    if not raw:
+        return []
+    if not isinstance(raw, list) or not all(isinstance(call, Mapping) for call in raw):
+        raise UpstreamFormatError("upstream tool_calls is not a list of objects")
+    calls = []
+    for position, call in enumerate(raw):
+        function = call.get("function") if isinstance(call.get("function"), Mapping) else {}
+        arguments = function.get("arguments")
+        if arguments is None:
+            arguments = ""
+        elif not isinstance(arguments, str):  # TGI sends the arguments as a JSON object
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        index = call.get("index")
+        calls.append(ToolCallDelta(index if isinstance(index, int) else position, call.get("id") or None,
+                                   function.get("name") or None, arguments))
+    return calls
+
+
+def _set_aside(step: Step, content: Any, options: ParseOptions, streaming: bool) -> None:
+    """Logprobs cover reasoning, text and tool-call markup alike: keep the text's, count the reasoning's.
+
+    A whole lossy response is aligned against reasoning + text when no markup follows; otherwise
+    the tokens are split first and the text's re-aligned against the text alone.
+    """
+    text, reasoning = step.text, step.reasoning or ""
+    bound = None
+    if not streaming and options.vocab is None and not step.tool_calls:
+        bound = reasoning + text
+    try:
+        parsed = _logprobs_or_fail(parse_chat, content, options, bound)
+    except AlignmentError:
+        bound = None
+        parsed = _logprobs_or_fail(parse_chat, content, options, None)
+    step.report = parsed.report
+    if step.reasoning is not None and not text and not step.tool_calls:
+        step.reasoning_tokens = parsed.tokens  # a chunk of thinking only
+        return
+    size = len(reasoning.encode())
+    skip = max(0, size - HELD_BYTES) if streaming else size
+    segments = split_content(parsed.tokens, text, skip=skip if reasoning else 0, last=streaming)
+    step.reasoning_tokens = segments.before if step.reasoning is not None else []
+    step.tokens = segments.content
+    if bound is None and not streaming and options.vocab is None and text:
+        step.tokens, _ = realign(step.tokens, text, options.vocab)
 
 
 def completions_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool,
@@ -171,6 +244,7 @@ def chat_call(flavor: Flavor, gen: Generation, upstream_model: str, *, cap: int,
         "top_logprobs": requested_top_logprobs(flavor, gen.top_k_logprobs, cap),
         "stream": gen.stream,
         **gen.sampling(),
+        **gen.chat_options(),
     }
     if flavor.token_id_placeholders:
         body["return_tokens_as_token_ids"] = token_ids
@@ -197,6 +271,8 @@ def completions_call(flavor: Flavor, gen: Generation, upstream_model: str, promp
         "max_tokens": gen.max_tokens,
         **gen.sampling(),
     }
+    if gen.response_format is not None:
+        body["response_format"] = gen.response_format  # OpenAI-compatible servers take it here too
     if flavor.chat_shaped_completions:
         body.update(logprobs=True, top_logprobs=k)
     else:

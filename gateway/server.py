@@ -1,0 +1,52 @@
+"""Running the app: listen, and on SIGTERM drain gracefully.
+
+Draining: /readyz turns 503 (load balancers stop sending), new /v1 requests get 503, in-flight
+streams may finish until the grace deadline; then the server stops and whatever is still
+running is cancelled (which drops its upstream connection, so the GPU stops too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+
+from aiohttp import web
+
+from gateway.app import STATE
+
+log = logging.getLogger("responses_gateway")
+
+
+def configure_logging(level: str) -> None:
+    """One line per record on stderr; access records are already JSON."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger("responses_gateway")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+async def serve(app: web.Application, host: str, port: int, grace_seconds: float) -> None:
+    state = app[STATE]
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    print(f"responses-gateway on http://{host}:{port} ({len(state.config.models)} models)", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    state.draining = True
+    deadline = time.monotonic() + grace_seconds
+    log.info('{"event":"draining","in_flight":%d,"grace_seconds":%s}', state.in_flight, grace_seconds)
+    while state.in_flight > 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if state.in_flight:
+        log.info('{"event":"grace_expired","cancelled":%d}', state.in_flight)
+    await runner.cleanup()

@@ -1,0 +1,90 @@
+"""Stored responses behind one small async interface, with SQLite, Redis and in-memory backends.
+
+A stored response is self-contained: the Response as sent (full logprobs included) and the input
+items the model saw for it, which already hold the replayed history of its own
+`previous_response_id`. Replaying a conversation is then one read, and pruning an old turn never
+breaks a newer turn that built on it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal, Protocol
+
+from gateway.config import Config, ConfigError
+
+Item = dict[str, Any]
+
+
+class ResponseStore(Protocol):
+    """Where Responses are kept; every backend enforces the retention limits on its own."""
+
+    async def open(self) -> None:
+        """Connect or create what the store needs; raises when it cannot be used."""
+
+    async def close(self) -> None: ...
+
+    async def save(self, response: dict[str, Any], input_items: list[Item]) -> None:
+        """Keep (or replace) the Response under its `id`, with the input items that produced it."""
+
+    async def get(self, response_id: str) -> dict[str, Any] | None:
+        """The stored Response, or None when unknown, deleted or expired."""
+
+    async def input_items(self, response_id: str) -> list[Item] | None:
+        """The Response's input items in conversation order, or None when the Response is gone."""
+
+    async def delete(self, response_id: str) -> bool:
+        """Forget the Response; False when there was nothing to delete."""
+
+
+class StoreError(ConfigError):
+    """The store cannot be opened as configured; the message names the key."""
+
+
+def open_store(gateway_config: Config) -> ResponseStore | None:
+    """The configured backend (not yet opened), or None for `backend: none`."""
+    config = gateway_config.store
+    if config.backend == "none":
+        return None
+    if config.backend == "memory":
+        from gateway.store.memory import MemoryStore
+
+        return MemoryStore(ttl_seconds=config.ttl_seconds, max_responses=config.max_responses)
+    if config.backend == "sqlite":
+        from gateway.store.sqlite import SQLiteStore
+
+        return SQLiteStore(gateway_config.resolve(config.path), ttl_seconds=config.ttl_seconds,
+                           max_responses=config.max_responses)
+    # Deployments hand the URL over in the environment, since it may carry a password.
+    url = config.url or os.environ.get("RESPONSES_GATEWAY_REDIS_URL")
+    if not url:
+        raise StoreError("store.url: the redis backend needs a URL (or RESPONSES_GATEWAY_REDIS_URL)")
+    # Imported here so that only Redis deployments load the client.
+    from gateway.store.redis import RedisStore
+
+    return RedisStore(url, key_prefix=config.key_prefix, ttl_seconds=config.ttl_seconds,
+                      max_responses=config.max_responses)
+
+
+def page_items(items: list[Item], *, limit: int, order: Literal["asc", "desc"], after: str | None
+               ) -> dict[str, Any]:
+    """One page of a Response's input items as OpenAI's `ResponseItemList`.
+
+    `after` is the id of the last item of the previous page (in the same `order`); ValueError when
+    no item has that id.
+    """
+    ordered = items if order == "asc" else items[::-1]
+    start = 0
+    if after is not None:
+        ids = [item.get("id") for item in ordered]
+        if after not in ids:
+            raise ValueError(after)
+        start = ids.index(after) + 1
+    data = ordered[start:start + limit]
+    return {
+        "object": "list",
+        "data": data,
+        "has_more": start + limit < len(ordered),
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+    }

@@ -1,0 +1,57 @@
+"""In-process store: for tests, demos and a single gateway that may forget on restart."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from gateway.store import Item
+
+
+class MemoryStore:
+    """A dict in insertion order; pruned on every save, expired entries are invisible before that."""
+
+    def __init__(self, *, ttl_seconds: int, max_responses: int, clock: Callable[[], float] = time.time) -> None:
+        self.ttl_seconds = ttl_seconds
+        self.max_responses = max_responses
+        self._clock = clock
+        self._entries: OrderedDict[str, tuple[float, dict[str, Any], list[Item]]] = OrderedDict()
+
+    async def open(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        self._entries.clear()
+
+    async def save(self, response: dict[str, Any], input_items: list[Item]) -> None:
+        now = self._clock()
+        response_id = response["id"]
+        self._entries.pop(response_id, None)
+        # Deep copies: the caller's dicts live on in the request handler (and in events already sent).
+        self._entries[response_id] = (now, copy.deepcopy(response), copy.deepcopy(input_items))
+        cutoff = now - self.ttl_seconds
+        while self._entries:
+            oldest_id, (saved_at, _, _) = next(iter(self._entries.items()))
+            if saved_at >= cutoff and len(self._entries) <= self.max_responses:
+                break
+            del self._entries[oldest_id]
+
+    def _live(self, response_id: str) -> tuple[float, dict[str, Any], list[Item]] | None:
+        entry = self._entries.get(response_id)
+        if entry is None or entry[0] < self._clock() - self.ttl_seconds:
+            return None
+        return entry
+
+    async def get(self, response_id: str) -> dict[str, Any] | None:
+        entry = self._live(response_id)
+        return copy.deepcopy(entry[1]) if entry else None
+
+    async def input_items(self, response_id: str) -> list[Item] | None:
+        entry = self._live(response_id)
+        return copy.deepcopy(entry[2]) if entry else None
+
+    async def delete(self, response_id: str) -> bool:
+        return self._entries.pop(response_id, None) is not None

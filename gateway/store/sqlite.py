@@ -1,0 +1,127 @@
+"""SQLite store: the embedded default, one file that survives restarts.
+
+One worker thread owns the connection and runs every statement, so the event loop never blocks on
+disk and the connection is never shared between threads. WAL lets other gateway processes on the
+same host read while one writes; `synchronous=NORMAL` keeps every committed save across a process
+crash (a power cut may lose the last few). Retention is enforced on every save, and expired rows
+are invisible to reads before that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+
+from gateway.store import Item, StoreError
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    seq INTEGER PRIMARY KEY,         -- save order: count pruning drops the lowest
+    id TEXT NOT NULL UNIQUE,
+    saved_at REAL NOT NULL,          -- unix seconds: age pruning
+    response BLOB NOT NULL,          -- the Response, JSON
+    input_items BLOB NOT NULL        -- its input items, JSON array
+);
+CREATE INDEX IF NOT EXISTS responses_saved_at ON responses (saved_at);
+"""
+
+
+class SQLiteStore:
+    def __init__(self, path: Path, *, ttl_seconds: int, max_responses: int,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self.ttl_seconds = ttl_seconds
+        self.max_responses = max_responses
+        self._clock = clock
+        self._executor: ThreadPoolExecutor | None = None
+        self._db: sqlite3.Connection | None = None
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._executor is None:
+            raise StoreError("the SQLite store is not open")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    # --- life cycle -----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-store")
+        try:
+            await self._run(self._open)
+        except (OSError, sqlite3.Error) as exc:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+            raise StoreError(f"store.path: cannot use SQLite file {self.path}: {exc}") from exc
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Autocommit mode; save() opens its own transaction. busy_timeout: wait out another process's write.
+        db = sqlite3.connect(self.path, isolation_level=None, timeout=10.0)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(_SCHEMA)
+        self._db = db
+
+    async def close(self) -> None:
+        if self._executor is None:
+            return
+        await self._run(self._close)
+        self._executor.shutdown(wait=True)
+        self._executor = None
+
+    def _close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        assert self._db is not None, "used before open()"
+        return self._db
+
+    # --- operations (each runs on the worker thread) ----------------------------------------------
+
+    async def save(self, response: dict[str, Any], input_items: list[Item]) -> None:
+        # Serialized here, on the loop, so the handler's dicts are never read from another thread.
+        await self._run(self._save, response["id"], orjson.dumps(response), orjson.dumps(input_items))
+
+    def _save(self, response_id: str, response: bytes, input_items: bytes) -> None:
+        now = self._clock()
+        db = self._conn
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("INSERT OR REPLACE INTO responses (id, saved_at, response, input_items) VALUES (?, ?, ?, ?)",
+                       (response_id, now, response, input_items))
+            db.execute("DELETE FROM responses WHERE saved_at < ?", (now - self.ttl_seconds,))
+            # Everything older than the newest max_responses rows.
+            db.execute("DELETE FROM responses WHERE seq <= (SELECT seq FROM responses ORDER BY seq DESC "
+                       "LIMIT 1 OFFSET ?)", (self.max_responses,))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def _read(self, column: str, response_id: str) -> Any:
+        row = self._conn.execute(f"SELECT {column} FROM responses WHERE id = ? AND saved_at >= ?",
+                                 (response_id, self._clock() - self.ttl_seconds)).fetchone()
+        return None if row is None else orjson.loads(row[0])
+
+    async def get(self, response_id: str) -> dict[str, Any] | None:
+        return await self._run(self._read, "response", response_id)
+
+    async def input_items(self, response_id: str) -> list[Item] | None:
+        return await self._run(self._read, "input_items", response_id)
+
+    async def delete(self, response_id: str) -> bool:
+        return await self._run(self._delete, response_id)
+
+    def _delete(self, response_id: str) -> bool:
+        return self._conn.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0

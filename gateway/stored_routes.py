@@ -1,0 +1,236 @@
+"""Stored responses over HTTP: `previous_response_id` replay, saving, and the /v1/responses/{id} routes.
+
+What is stored: a Response that ended `completed` or `incomplete`, when its request had `store`
+(default true) and a backend is configured. A `failed` Response (upstream broke mid-stream) and a
+stream the client abandoned are not: replaying half an answer would poison the next turn. The save
+happens before the client gets the final Response (body or terminal event), so a client can name it
+as `previous_response_id` at once, on any replica sharing the store. A store that fails to save is
+logged; the client still gets its answer.
+
+The Response is kept as sent, logprobs included; GET strips them unless `include[]` asks again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from gateway.config import Config
+from gateway.errors import GatewayError, bad_request
+from gateway.logprobs.tokens import Token
+from gateway.middleware import json_response
+from gateway.store import Item, ResponseStore, open_store, page_items
+from gateway.translate.fronts import FrontTranslator
+from gateway.translate.input_items import replayed_items, stored_input_items, without_logprobs
+from gateway.translate.request import LOGPROBS_INCLUDE
+from gateway.translate.response_object import ResponseSettings
+from gateway.upstreams.base import Step
+
+log = logging.getLogger("responses_gateway.store")
+
+
+@dataclass(slots=True)
+class StoreHolder:
+    """The app's store; None when `store.backend` is `none`."""
+
+    store: ResponseStore | None
+
+
+STORE_KEY = web.AppKey("response_store", StoreHolder)
+
+STORED_STATUSES = frozenset({"completed", "incomplete"})
+
+
+def _not_found(response_id: str) -> GatewayError:
+    return GatewayError(404, f"Response with id '{response_id}' not found.")
+
+
+# --- creating a response: replay before, save after -----------------------------------------------
+
+
+class _RecordingFront:
+    """A Responses translator that remembers the final Response it produced (pure; no I/O)."""
+
+    def __init__(self, inner: FrontTranslator) -> None:
+        self.inner = inner
+        self.final_response: dict[str, Any] | None = None
+
+    def start(self) -> list[dict[str, Any]]:
+        return self.inner.start()
+
+    def echo(self, text: str, tokens: list[Token]) -> list[dict[str, Any]]:
+        return self.inner.echo(text, tokens)
+
+    def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]:
+        return self.inner.feed(tokens, upstream_text)
+
+    def feed_step(self, step: Step) -> list[dict[str, Any]]:
+        return self.inner.feed_step(step)
+
+    def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
+        events = self.inner.finish(finish_reason, usage)
+        self.final_response = events[-1]["response"]  # the terminal event carries the full Response
+        return events
+
+    def final(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
+        self.final_response = self.inner.final(finish_reason, usage)
+        return self.final_response
+
+    def fail(self, message: str) -> list[dict[str, Any]]:
+        return self.inner.fail(message)
+
+
+@dataclass(slots=True)
+class Turn:
+    """One POST /v1/responses as the store sees it: what it replays, and what it will save."""
+
+    store: ResponseStore | None
+    previous_response_id: str | None
+    given_input: Any  # the request's `input`, made into stored items only once validated and answered
+    history: list[Item] = field(default_factory=list)
+    front: _RecordingFront | None = None
+
+    def settings(self, settings: ResponseSettings) -> ResponseSettings:
+        """The Response echoes `store` as it will be honoured, and the id it continues."""
+        return dataclasses.replace(settings, store=self.store is not None,
+                                   previous_response_id=self.previous_response_id)
+
+    def track(self, front: FrontTranslator) -> FrontTranslator:
+        if self.store is None:
+            return front
+        self.front = _RecordingFront(front)
+        return self.front
+
+    async def save(self) -> None:
+        """Awaited by the serving loop once the final Response exists, before it is sent."""
+        if self.store is None or self.front is None:
+            return
+        response = self.front.final_response
+        if response is None or response.get("status") not in STORED_STATUSES:
+            return
+        try:
+            await self.store.save(response, [*self.history, *stored_input_items(self.given_input)])
+        except Exception:
+            log.exception("could not store response %s", response.get("id"))
+
+
+async def begin_turn(app: web.Application, body: dict[str, Any]) -> Turn:
+    """Fetch what `previous_response_id` replays (400 `previous_response_not_found` when it is gone)."""
+    store = app[STORE_KEY].store
+    wanted = body.get("store") is not False  # OpenAI's default is true
+    previous_id = body.get("previous_response_id")
+    turn = Turn(store if wanted else None, previous_id if isinstance(previous_id, str) else None, body.get("input"))
+    if turn.previous_response_id is not None:
+        turn.history = await _replay(store, turn.previous_response_id)
+    return turn
+
+
+async def _replay(store: ResponseStore | None, response_id: str) -> list[Item]:
+    previous = await store.get(response_id) if store is not None else None
+    items = await store.input_items(response_id) if store is not None and previous is not None else None
+    if previous is None or items is None:
+        raise GatewayError(400, f"Previous response with id '{response_id}' not found.",
+                           param="previous_response_id", code="previous_response_not_found")
+    return replayed_items(items, previous.get("output") or [])
+
+
+# --- the /v1/responses/{id} routes ------------------------------------------------------------------
+
+
+def _store(request: web.Request) -> ResponseStore | None:
+    return request.app[STORE_KEY].store
+
+
+def _include(request: web.Request) -> list[str]:
+    # The SDK sends `include[]=...`; plain `include=...` is accepted too.
+    return [*request.query.getall("include[]", []), *request.query.getall("include", [])]
+
+
+async def retrieve_response(request: web.Request) -> web.Response:
+    response_id = request.match_info["response_id"]
+    if request.query.get("stream", "false").lower() == "true":
+        raise GatewayError(400, "Streaming a stored response back is not supported.", param="stream",
+                           code="unsupported_parameter")
+    store = _store(request)
+    response = await store.get(response_id) if store is not None else None
+    if response is None:
+        raise _not_found(response_id)
+    if LOGPROBS_INCLUDE not in _include(request):
+        response["output"] = without_logprobs(response.get("output") or [])
+    return json_response(response)
+
+
+async def delete_response(request: web.Request) -> web.Response:
+    response_id = request.match_info["response_id"]
+    store = _store(request)
+    if store is None or not await store.delete(response_id):
+        raise _not_found(response_id)
+    return json_response({"id": response_id, "object": "response", "deleted": True})
+
+
+async def cancel_response(request: web.Request) -> web.Response:
+    """Only background responses can be cancelled, and this gateway runs none in the background."""
+    response_id = request.match_info["response_id"]
+    store = _store(request)
+    if store is None or await store.get(response_id) is None:
+        raise _not_found(response_id)
+    raise GatewayError(400, "Only responses created with background=true can be cancelled.",
+                       param="response_id", code="invalid_value")
+
+
+def _limit(request: web.Request) -> int:
+    raw = request.query.get("limit", "20")
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise bad_request(f"Invalid 'limit': expected an integer, got {raw!r}.", "limit", "invalid_type") from None
+    if not 1 <= limit <= 100:
+        raise bad_request(f"Invalid 'limit': {limit} is not between 1 and 100.", "limit")
+    return limit
+
+
+async def list_input_items(request: web.Request) -> web.Response:
+    response_id = request.match_info["response_id"]
+    limit = _limit(request)
+    order = request.query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise bad_request(f"Invalid 'order': {order!r} (expected 'asc' or 'desc').", "order")
+    store = _store(request)
+    items = await store.input_items(response_id) if store is not None else None
+    if items is None:
+        raise _not_found(response_id)
+    after = request.query.get("after")
+    try:
+        page = page_items(items, limit=limit, order=order, after=after)
+    except ValueError:
+        raise bad_request(f"Invalid 'after': no input item with id '{after}'.", "after") from None
+    return json_response(page)
+
+
+# --- wiring -----------------------------------------------------------------------------------------
+
+
+def add_stored_routes(app: web.Application, config: Config) -> None:
+    """Routes, and the store's life cycle (a store that cannot open fails the start)."""
+    holder = StoreHolder(open_store(config))
+    app[STORE_KEY] = holder
+    app.router.add_get("/v1/responses/{response_id}", retrieve_response)
+    app.router.add_delete("/v1/responses/{response_id}", delete_response)
+    app.router.add_post("/v1/responses/{response_id}/cancel", cancel_response)
+    app.router.add_get("/v1/responses/{response_id}/input_items", list_input_items)
+
+    async def open_(app: web.Application) -> None:
+        if holder.store is not None:
+            await holder.store.open()
+
+    async def close(app: web.Application) -> None:
+        if holder.store is not None:
+            await holder.store.close()
+
+    app.on_startup.append(open_)
+    app.on_cleanup.append(close)
