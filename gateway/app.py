@@ -47,6 +47,7 @@ from gateway.translate.front_doors import (
 )
 from gateway.translate.fronts import ChatFront, CompletionsFront, FrontTranslator, ResponsesFront
 from gateway.translate.generation import Generation
+from gateway.translate.grouping import TextMismatch
 from gateway.upstreams.base import Step, UpstreamCall, UpstreamFormatError
 from gateway.upstreams.dispatch import build_call, parse_options
 from gateway.upstreams.openai_compatible import error_message
@@ -370,7 +371,8 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
         except TimeoutError:
             failed, items = True, front.fail(f"upstream {name!r} stopped sending (idle timeout)")
             _mid_stream_fault(state, route, replica, "idle_timeout")
-        except (aiohttp.ClientError, orjson.JSONDecodeError, UpstreamFormatError, AlignmentError) as exc:
+        except (aiohttp.ClientError, orjson.JSONDecodeError, UpstreamFormatError, AlignmentError,
+                TextMismatch) as exc:
             failed, items = True, front.fail(f"upstream {name!r} failed mid-stream: {exc}")
             _mid_stream_fault(state, route, replica, "mid_stream")
         await _write(response, framing, items)

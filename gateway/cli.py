@@ -30,7 +30,14 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(config.logging.level)
     host = args.host or config.listen.host
     port = args.port if args.port is not None else config.listen.port
-    asyncio.run(serve(app, host, port, config.shutdown.grace_seconds))
+    run = asyncio.run
+    try:  # uvloop when installed: a faster event loop, same asyncio semantics
+        import uvloop
+    except ImportError:
+        pass
+    else:
+        run = getattr(uvloop, "run", run)  # uvloop.run needs uvloop >= 0.18
+    run(serve(app, host, port, config.shutdown.grace_seconds))
     return 0
 
 
@@ -139,13 +146,16 @@ def _inspect(args: argparse.Namespace) -> int:
     try:
         inspection = asyncio.run(view.inspect(args.base_url, body, api_key=args.api_key,
                                               on_text=None if args.json else show, color=color))
+        if args.json:
+            print(json.dumps(view.to_json(inspection), ensure_ascii=False, indent=2))
+        else:
+            print("\n\n" + view.render_report(inspection, color=color))
     except view.GatewayRequestError as exc:
         print(f"inspect: {exc}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(view.to_json(inspection), ensure_ascii=False, indent=2))
-    else:
-        print("\n\n" + view.render_report(inspection, color=color))
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return 1 if inspection.status == "failed" else 0
 
 

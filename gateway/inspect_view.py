@@ -112,6 +112,7 @@ class Fragment:
 
     data: bytes
     character: str | None  # the character they help spell; None when the bytes never form one
+    closes: bool = False  # the last bytes of that character: views name the character right after them
 
 
 Piece = str | Fragment
@@ -206,7 +207,7 @@ def lay_out(tokens: Sequence[Token], start: int = 0) -> tuple[list[TokenLayout],
         for t in range(first, last + 1):
             chunk = data[max(begin, offsets[t]) : min(end, offsets[t + 1])]
             if chunk:  # a token with no bytes (none in practice) only links its neighbours
-                pieces[t].append(Fragment(chunk, char))
+                pieces[t].append(Fragment(chunk, char, t == last))
             links[t] = links[t] or t < last
         splits.append(SplitCharacter(char, data[begin:end], tuple(range(start + first, start + last + 1))))
     layouts: list[TokenLayout] = []
@@ -365,19 +366,20 @@ def _chips(data: bytes) -> str:
     return "".join(f"‹{b:02x}›" for b in data)
 
 
-def render_run(layouts: Sequence[TokenLayout], splits: Sequence[SplitCharacter], *, color: bool) -> str:
+def render_run(layouts: Sequence[TokenLayout], *, color: bool) -> str:
     """The flowing text of some tokens: each shaded by its probability; split characters as byte
-    chips ‹f0›‹9f›… followed by the character they spell, (👋), or (incomplete)."""
-    joined = {split.tokens[-1]: split for split in splits}
+    chips ‹f0›‹9f›… with the character they spell, (👋), or (incomplete), after the last one."""
     out = []
     for layout in layouts:
         p = probability(layout.token.logprob)
-        text = "".join(_safe_text(piece) if isinstance(piece, str) else _chips(piece.data) for piece in layout.pieces)
-        out.append(_shade(text, p, color))
-        split = joined.get(layout.index)
-        if split is not None:
-            label = f"({_safe_text(split.text)})" if split.text is not None else "(incomplete)"
-            out.append(f"{_DIM}{label}{_RESET}" if color else label)
+        for piece in layout.pieces:
+            if isinstance(piece, str):
+                out.append(_shade(_safe_text(piece), p, color))
+                continue
+            out.append(_shade(_chips(piece.data), p, color))
+            if piece.closes:
+                label = f"({_safe_text(piece.character)})" if piece.character is not None else "(incomplete)"
+                out.append(f"{_DIM}{label}{_RESET}" if color else label)
     return "".join(out)
 
 
@@ -470,9 +472,9 @@ def render_report(inspection: Inspection, *, color: bool) -> str:
 
 def render(inspection: Inspection, *, color: bool) -> str:
     """The whole terminal view at once (the CLI prints the text live, then `render_report`)."""
-    layouts, splits = lay_out(inspection.tokens)
+    layouts, _ = lay_out(inspection.tokens)
     header = f"model {inspection.model or '?'}"
-    return "\n\n".join([header, render_run(layouts, splits, color=color), render_report(inspection, color=color)])
+    return "\n\n".join([header, render_run(layouts, color=color), render_report(inspection, color=color)])
 
 
 # --- JSON for scripts ----------------------------------------------------------------------------
@@ -581,11 +583,11 @@ async def inspect(base_url: str, body: dict[str, Any], *, api_key: str | None = 
     async for event in stream_events(base_url, body, api_key):
         added = inspection.feed(event)
         if on_text is not None and added:
-            text = render_run(*live.feed(added), color=color)
+            text = render_run(live.feed(added)[0], color=color)
             if text:
                 on_text(text)
     if on_text is not None:
-        text = render_run(*live.finish(), color=color)
+        text = render_run(live.finish()[0], color=color)
         if text:
             on_text(text)
     if inspection.status == "in_progress":

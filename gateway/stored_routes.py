@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,14 +23,12 @@ from aiohttp import web
 
 from gateway.config import Config
 from gateway.errors import GatewayError, bad_request
-from gateway.logprobs.tokens import Token
 from gateway.middleware import json_response
 from gateway.store import Item, ResponseStore, open_store, page_items
 from gateway.translate.fronts import FrontTranslator
 from gateway.translate.input_items import replayed_items, stored_input_items, without_logprobs
 from gateway.translate.request import LOGPROBS_INCLUDE
 from gateway.translate.response_object import ResponseSettings
-from gateway.upstreams.base import Step
 
 log = logging.getLogger("responses_gateway.store")
 
@@ -50,27 +49,35 @@ def _not_found(response_id: str) -> GatewayError:
     return GatewayError(404, f"Response with id '{response_id}' not found.")
 
 
+@contextmanager
+def _store_errors() -> Iterator[None]:
+    """A store that fails a read (Redis down, disk error) answers 503 in OpenAI's shape, not a bare 500."""
+    try:
+        yield
+    except GatewayError:
+        raise
+    except Exception:
+        log.exception("response store failed")
+        raise GatewayError(503, "The response store is unavailable; try again later.", type_="server_error",
+                           code="store_unavailable") from None
+
+
 # --- creating a response: replay before, save after -----------------------------------------------
 
 
 class _RecordingFront:
-    """A Responses translator that remembers the final Response it produced (pure; no I/O)."""
+    """A Responses translator that remembers the final Response it produced (pure; no I/O).
+
+    Everything but `finish`/`final` is the inner translator's own, so the wrapper follows the
+    translator interface as it grows.
+    """
 
     def __init__(self, inner: FrontTranslator) -> None:
         self.inner = inner
         self.final_response: dict[str, Any] | None = None
 
-    def start(self) -> list[dict[str, Any]]:
-        return self.inner.start()
-
-    def echo(self, text: str, tokens: list[Token]) -> list[dict[str, Any]]:
-        return self.inner.echo(text, tokens)
-
-    def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]:
-        return self.inner.feed(tokens, upstream_text)
-
-    def feed_step(self, step: Step) -> list[dict[str, Any]]:
-        return self.inner.feed_step(step)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
     def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
         events = self.inner.finish(finish_reason, usage)
@@ -80,9 +87,6 @@ class _RecordingFront:
     def final(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
         self.final_response = self.inner.final(finish_reason, usage)
         return self.final_response
-
-    def fail(self, message: str) -> list[dict[str, Any]]:
-        return self.inner.fail(message)
 
 
 @dataclass(slots=True)
@@ -104,7 +108,7 @@ class Turn:
         if self.store is None:
             return front
         self.front = _RecordingFront(front)
-        return self.front
+        return self.front  # type: ignore[return-value]  # a FrontTranslator by delegation
 
     async def save(self) -> None:
         """Awaited by the serving loop once the final Response exists, before it is sent."""
@@ -131,8 +135,9 @@ async def begin_turn(app: web.Application, body: dict[str, Any]) -> Turn:
 
 
 async def _replay(store: ResponseStore | None, response_id: str) -> list[Item]:
-    previous = await store.get(response_id) if store is not None else None
-    items = await store.input_items(response_id) if store is not None and previous is not None else None
+    with _store_errors():
+        previous = await store.get(response_id) if store is not None else None
+        items = await store.input_items(response_id) if store is not None and previous is not None else None
     if previous is None or items is None:
         raise GatewayError(400, f"Previous response with id '{response_id}' not found.",
                            param="previous_response_id", code="previous_response_not_found")
@@ -157,7 +162,8 @@ async def retrieve_response(request: web.Request) -> web.Response:
         raise GatewayError(400, "Streaming a stored response back is not supported.", param="stream",
                            code="unsupported_parameter")
     store = _store(request)
-    response = await store.get(response_id) if store is not None else None
+    with _store_errors():
+        response = await store.get(response_id) if store is not None else None
     if response is None:
         raise _not_found(response_id)
     if LOGPROBS_INCLUDE not in _include(request):
@@ -168,7 +174,9 @@ async def retrieve_response(request: web.Request) -> web.Response:
 async def delete_response(request: web.Request) -> web.Response:
     response_id = request.match_info["response_id"]
     store = _store(request)
-    if store is None or not await store.delete(response_id):
+    with _store_errors():
+        deleted = store is not None and await store.delete(response_id)
+    if not deleted:
         raise _not_found(response_id)
     return json_response({"id": response_id, "object": "response", "deleted": True})
 
@@ -177,7 +185,9 @@ async def cancel_response(request: web.Request) -> web.Response:
     """Only background responses can be cancelled, and this gateway runs none in the background."""
     response_id = request.match_info["response_id"]
     store = _store(request)
-    if store is None or await store.get(response_id) is None:
+    with _store_errors():
+        known = store is not None and await store.get(response_id) is not None
+    if not known:
         raise _not_found(response_id)
     raise GatewayError(400, "Only responses created with background=true can be cancelled.",
                        param="response_id", code="invalid_value")
@@ -201,7 +211,8 @@ async def list_input_items(request: web.Request) -> web.Response:
     if order not in ("asc", "desc"):
         raise bad_request(f"Invalid 'order': {order!r} (expected 'asc' or 'desc').", "order")
     store = _store(request)
-    items = await store.input_items(response_id) if store is not None else None
+    with _store_errors():
+        items = await store.input_items(response_id) if store is not None else None
     if items is None:
         raise _not_found(response_id)
     after = request.query.get("after")

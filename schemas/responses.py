@@ -34,6 +34,10 @@ here satisfies both. Where they differ we take the stricter side:
   raises ``openai.APIError`` on any frame with a truthy top-level ``error`` key, so SDK users get
   that exception (with this payload) instead of an ``error`` event object.
 - ``obfuscation`` padding on deltas: optional in the spec, unknown to the SDK; we don't pad.
+- Reasoning text events: the SDK knows ``response.reasoning_text.delta``/``.done``, the spec names
+  the same shapes ``response.reasoning.delta``/``.done``; each side rejects the other's name
+  (the SDK's strict client raises on an unknown event type). We send the SDK's names, which
+  OpenAI, vLLM and OpenRouter send; the shapes meet both.
 """
 
 from __future__ import annotations
@@ -133,7 +137,34 @@ class FunctionCall(ContractModel):
     status: ItemStatus
 
 
-OutputItem = tagged_union("type", {"message": OutputMessage, "function_call": FunctionCall})
+class SummaryText(ContractModel):
+    type: Literal["summary_text"] = "summary_text"
+    text: str
+
+
+class ReasoningText(ContractModel):
+    """The thinking itself, as a reasoning parser (vLLM's ``reasoning``) separated it from the answer."""
+
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningItem(ContractModel):
+    """A reasoning model's thinking; comes before the message. Its tokens are counted in
+    ``usage.output_tokens_details.reasoning_tokens`` and never appear in any logprobs."""
+
+    id: str
+    """``rs_...``; the ``item_id`` of its stream events."""
+    type: Literal["reasoning"] = "reasoning"
+    summary: list[SummaryText] = Field(default_factory=list)
+    """Always ``[]``: chat upstreams give the thinking, not a summary of it."""
+    content: list[ReasoningText] = Field(default_factory=list)
+    status: ItemStatus
+
+
+OutputItem = tagged_union(
+    "type", {"message": OutputMessage, "function_call": FunctionCall, "reasoning": ReasoningItem}
+)
 
 
 # --- echoed configuration -------------------------------------------------------------------
@@ -371,11 +402,16 @@ class OutputItemDoneEvent(_ItemEvent):
     type: Literal["response.output_item.done"] = "response.output_item.done"
 
 
+PartContent = tagged_union(
+    "type", {"output_text": OutputText, "refusal": OutputRefusal, "reasoning_text": ReasoningText}
+)
+
+
 class _PartEvent(_Event):
     item_id: str
     output_index: Index
     content_index: Index
-    part: OutputContent
+    part: PartContent
 
 
 class ContentPartAddedEvent(_PartEvent):
@@ -414,6 +450,24 @@ class OutputTextDoneEvent(_Event):
     content_index: Index
     text: str
     logprobs: list[LogProb]
+
+
+class ReasoningTextDeltaEvent(_Event):
+    """Thinking text appended to a reasoning item's ``reasoning_text`` part; no logprobs."""
+
+    type: Literal["response.reasoning_text.delta"] = "response.reasoning_text.delta"
+    item_id: str
+    output_index: Index
+    content_index: Index
+    delta: str
+
+
+class ReasoningTextDoneEvent(_Event):
+    type: Literal["response.reasoning_text.done"] = "response.reasoning_text.done"
+    item_id: str
+    output_index: Index
+    content_index: Index
+    text: str
 
 
 class FunctionCallArgumentsDeltaEvent(_Event):
@@ -490,6 +544,8 @@ ResponseStreamEvent = tagged_union(
         "response.content_part.added": ContentPartAddedEvent,
         "response.output_text.delta": OutputTextDeltaEvent,
         "response.output_text.done": OutputTextDoneEvent,
+        "response.reasoning_text.delta": ReasoningTextDeltaEvent,
+        "response.reasoning_text.done": ReasoningTextDoneEvent,
         "response.content_part.done": ContentPartDoneEvent,
         "response.function_call_arguments.delta": FunctionCallArgumentsDeltaEvent,
         "response.function_call_arguments.done": FunctionCallArgumentsDoneEvent,

@@ -11,8 +11,9 @@ Deliberate departures from OpenAI:
 - ``max_output_tokens`` only needs to be >= 1. OpenAI (and the Open Responses spec) reject values
   below 16, but people scoring with vLLM ask for 4 tokens.
 - Only what a Chat/Completions upstream can serve is accepted: message, ``function_call`` and
-  ``function_call_output`` input items; text and image parts; function tools. Other item, part
-  and tool types fail with ``invalid_value`` naming the supported ones.
+  ``function_call_output`` input items (and ``reasoning`` items we returned, which are dropped);
+  text and image parts; function tools. Other item, part and tool types fail with
+  ``invalid_value`` naming the supported ones.
 - ``reasoning.effort`` and ``service_tier`` accept the SDK's values, which are more than the
   spec lets a response echo (see ``schemas.responses``).
 """
@@ -30,6 +31,8 @@ from .responses import (
     OutputRefusal,
     OutputText,
     ReasoningSummary,
+    ReasoningText,
+    SummaryText,
     TextConfig,
     ToolChoice,
 )
@@ -112,13 +115,26 @@ class FunctionCallOutputInput(ContractModel):
     status: ItemStatus | None = None
 
 
+class ReasoningInput(ContractModel):
+    """A reasoning item we returned, sent back as history. Accepted and dropped: chat upstreams take
+    no reasoning history (and reasoning models' templates strip earlier turns' thinking)."""
+
+    type: Literal["reasoning"] = "reasoning"
+    id: str | None = None
+    summary: list[SummaryText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+    status: ItemStatus | None = None
+
+
 MessageInput = tagged_union(
     "role",
     {"user": UserMessage, "system": SystemMessage, "developer": DeveloperMessage, "assistant": AssistantMessage},
 )
 InputItem = tagged_union(
     "type",
-    {"message": MessageInput, "function_call": FunctionCallInput, "function_call_output": FunctionCallOutputInput},
+    {"message": MessageInput, "function_call": FunctionCallInput, "function_call_output": FunctionCallOutputInput,
+     "reasoning": ReasoningInput},
     default="message",
 )
 

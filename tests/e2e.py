@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,8 +13,6 @@ from openai import AsyncOpenAI
 
 from gateway.app import create_app
 from gateway.config import parse_config
-from gateway.simulator.vllm import SIMULATOR_KEY
-from gateway.simulator.vllm import create_app as create_simulator
 
 LOGPROBS = ["message.output_text.logprobs"]
 
@@ -24,10 +23,11 @@ class Stack:
     gateway: TestServer
     client: AsyncOpenAI
     model: str
+    simulator_key: Any = None
 
     @property
     def stats(self) -> Any:
-        return self.simulator.app[SIMULATOR_KEY].stats  # type: ignore[index]
+        return self.simulator.app[self.simulator_key].stats
 
     def url(self, path: str) -> str:
         return str(self.gateway.make_url(path))
@@ -37,9 +37,12 @@ async def start_stack(aiohttp_server, vocab, *, api: str = "chat", model: str = 
                       timeouts: dict[str, float] | None = None, tokenizer: dict[str, str] | None = None,
                       upstream_url: str | None = None, upstream_options: dict[str, Any] | None = None,
                       chat_template: str | None = None, store: dict[str, Any] | None = None,
-                      **simulator_options: Any) -> Stack:
-    simulator = await aiohttp_server(create_simulator(vocab, model, **simulator_options))
-    upstream: dict[str, Any] = {"urls": [upstream_url or str(simulator.make_url("")).rstrip("/")], "api": api}
+                      dialect: str = "vllm", **simulator_options: Any) -> Stack:
+    """A simulator of `dialect` (vllm, tgi, sglang, llamacpp, openai) and the gateway in front of it."""
+    module = importlib.import_module(f"gateway.simulator.{dialect}")
+    simulator = await aiohttp_server(module.create_app(vocab, model, **simulator_options))
+    upstream: dict[str, Any] = {"urls": [upstream_url or str(simulator.make_url("")).rstrip("/")], "api": api,
+                                "dialect": dialect}
     if timeouts:
         upstream["timeouts"] = timeouts
     upstream.update(upstream_options or {})
@@ -54,7 +57,7 @@ async def start_stack(aiohttp_server, vocab, *, api: str = "chat", model: str = 
     gateway = await aiohttp_server(create_app(config))
     client = AsyncOpenAI(base_url=str(gateway.make_url("/v1")), api_key="test-key",
                          _strict_response_validation=True, max_retries=0)
-    return Stack(simulator, gateway, client, model)
+    return Stack(simulator, gateway, client, model, module.SIMULATOR_KEY)
 
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

@@ -64,3 +64,27 @@ def test_replacement_strings_with_tokenizer_and_text(qwen2):
     parsed = parse_chat(content, ParseOptions(vocab=qwen2), text="Hi 🦀 根据")
     assert [t.bytes for t in parsed.tokens] == [qwen2.token_bytes(i) for i in ids]
     assert parsed.report.ambiguous_positions == []
+
+
+def test_tokens_of_a_stop_string_cut_from_the_text_are_set_aside(qwen2):
+    ids = qwen2.encode("Hello world STOP")
+    content = [{"token": f"token_id:{i}", "logprob": -0.1} for i in ids]
+    parsed = parse_chat(content, ParseOptions(vocab=qwen2), text="Hello world")
+    visible = [t for t in parsed.tokens if not t.special]
+    assert b"".join(t.bytes for t in visible) == b"Hello world"
+    assert len(parsed.tokens) == len(ids)
+
+
+def test_bytes_of_a_character_left_unfinished_by_a_length_cap_are_kept(qwen2):
+    ids = qwen2.encode("Hi 根")  # ..., ' \xe6\xa0', '\xb9': cut after the first half of 根
+    content = [{"token": f"token_id:{i}", "logprob": -0.1} for i in ids[:-1]]
+    parsed = parse_chat(content, ParseOptions(vocab=qwen2), text="Hi")
+    assert [t.bytes for t in parsed.tokens] == [qwen2.token_bytes(i) for i in ids[:-1]]
+    assert not any(t.special for t in parsed.tokens)
+
+
+def test_a_replacement_char_for_the_unfinished_character_is_not_text(qwen2):
+    ids = qwen2.encode("Hi 根")
+    content = [{"token": f"token_id:{i}", "logprob": -0.1} for i in ids[:-1]]
+    parsed = parse_chat(content, ParseOptions(vocab=qwen2), text="Hi\ufffd")
+    assert [t.bytes for t in parsed.tokens] == [qwen2.token_bytes(i) for i in ids[:-1]]

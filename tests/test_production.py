@@ -38,7 +38,8 @@ def _broken_upstream(kind: str) -> web.Application:
 async def _gateway(aiohttp_server, urls, **upstream):
     config = parse_config({"upstreams": {"sim": {"urls": urls, **upstream}},
                            "models": {MODEL: {"upstream": "sim", "tokenizer": {"builtin": "demo"},
-                                              "aliases": ["demo-alias"]}}}, base_dir=__import__("pathlib").Path("."))
+                                              "aliases": ["demo-alias"]}},
+                           "store": {"backend": "memory"}}, base_dir=__import__("pathlib").Path("."))
     return await aiohttp_server(create_app(config))
 
 
@@ -154,7 +155,8 @@ async def test_api_keys_and_the_client_key_never_reaches_the_upstream(aiohttp_se
     sim = await aiohttp_server(create_simulator(vocab, MODEL))
     config = parse_config({"auth": {"api_keys_env": "TEST_GATEWAY_KEYS"},
                            "upstreams": {"sim": {"urls": [_url(sim)], "health_interval": 0}},
-                           "models": {MODEL: {"upstream": "sim", "tokenizer": {"builtin": "demo"}}}},
+                           "models": {MODEL: {"upstream": "sim", "tokenizer": {"builtin": "demo"}}},
+                           "store": {"backend": "memory"}},
                           base_dir=__import__("pathlib").Path("."))
     gateway = await aiohttp_server(create_app(config))
     url = str(gateway.make_url("/v1/responses"))
@@ -172,7 +174,8 @@ async def test_api_keys_and_the_client_key_never_reaches_the_upstream(aiohttp_se
     config = parse_config({"auth": {"api_keys_env": "TEST_GATEWAY_KEYS"},
                            "upstreams": {"sim": {"urls": [_url(sim)], "health_interval": 0,
                                                  "api_key_env": "TEST_UPSTREAM_KEY"}},
-                           "models": {MODEL: {"upstream": "sim", "tokenizer": {"builtin": "demo"}}}},
+                           "models": {MODEL: {"upstream": "sim", "tokenizer": {"builtin": "demo"}}},
+                           "store": {"backend": "memory"}},
                           base_dir=__import__("pathlib").Path("."))
     gateway = await aiohttp_server(create_app(config))
     async with aiohttp.ClientSession() as session, session.post(
@@ -187,7 +190,8 @@ async def test_oversized_bodies_get_an_openai_shaped_413(aiohttp_server, vocab):
     sim = await aiohttp_server(create_simulator(vocab, MODEL))
     config = parse_config({"limits": {"max_body_bytes": 1024},
                            "upstreams": {"sim": {"urls": [_url(sim)], "health_interval": 0}},
-                           "models": {MODEL: {"upstream": "sim", "tokenizer": {"builtin": "demo"}}}},
+                           "models": {MODEL: {"upstream": "sim", "tokenizer": {"builtin": "demo"}}},
+                           "store": {"backend": "memory"}},
                           base_dir=__import__("pathlib").Path("."))
     gateway = await aiohttp_server(create_app(config))
     status, payload, _ = await _post(str(gateway.make_url("/v1/responses")), {**BODY, "input": "x" * 5000})

@@ -20,6 +20,8 @@ from gateway.logprobs.vocab import Vocab
 # A fragment token ("" on the wire) holds part of one character plus perhaps a leading space or
 # byte-level merge; real tokenizers never put more than this many bytes in such a token.
 MAX_FRAGMENT_BYTES = 16
+# A merged token (fragments dropped by the server) holds at most a few characters.
+MAX_MERGED_BYTES = 64
 
 
 class AlignmentError(ValueError):
@@ -45,6 +47,8 @@ class Piece:
     # First token of a SentencePiece text: its decoder drops the "▁" the normalizer prepended,
     # so the text may lack the token's leading space.
     may_drop_leading_space: bool = False
+    # A token that may stand for a whole merged run (its fragments were dropped upstream): any span.
+    any_span: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +68,9 @@ def _ends(piece: Piece, prev_is_fragment: bool, text: bytes, pos: int) -> Iterat
     """Every end position this piece could reach if it starts at `pos`."""
     if piece.may_be_empty:
         yield pos
+    if piece.any_span:
+        yield from range(pos + 1, min(pos + MAX_MERGED_BYTES, len(text)) + 1)
+        return
     face_value = piece.exact if piece.exact is not None else piece.string.encode()
     if (piece.may_drop_leading_space and pos == 0 and face_value.startswith(b" ")
             and text.startswith(face_value[1:], pos)):

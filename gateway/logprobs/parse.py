@@ -18,6 +18,7 @@ from typing import Any
 from gateway.logprobs.align import Piece, align
 from gateway.logprobs.report import TranslationReport
 from gateway.logprobs.spellings import (
+    REPLACEMENT_CHAR,
     TOKEN_ID_PREFIX,
     is_lossy_string,
     looks_like_special,
@@ -46,6 +47,8 @@ class ParseOptions:
       list, are a lossy decode and are not trusted).
     pieces: token strings are raw vocabulary pieces (`Ġhello`, `▁the`, `<0xE6>`), as older vLLM sent.
     escapes: token strings use OpenAI's literal `\\xNN` escapes and `bytes` may be missing.
+    read_ids: look up an entry's `id` field in the tokenizer; off where the server's `bytes` hold
+      more than the id's own bytes (llama.cpp merges a split character into its completing token).
     leading_space_strippable: the text may lack the first token's leading space (SentencePiece
       decoders strip the "▁" their normalizer prepended); the first token's bytes then lose it too,
       so the bytes spell the text the server returned.
@@ -56,6 +59,7 @@ class ParseOptions:
     pieces: bool = False
     escapes: bool = False
     leading_space_strippable: bool = True
+    read_ids: bool = True
 
 
 @dataclass(slots=True)
@@ -178,12 +182,25 @@ def _finish(entries: list[_Entry], text: str | None, options: ParseOptions, repo
         pieces.append(Piece(reading.string, reading.exact,
                             may_be_empty=trailing_empty or looks_like_special(reading.string),
                             may_drop_leading_space=i == visible[0] and options.leading_space_strippable))
+    if text.endswith(REPLACEMENT_CHAR) and _ends_unfinished(pieces):
+        # The server wrote the unfinished character a length cap left as U+FFFD; the tokens hold its
+        # real bytes, which stay dangling past the text (see below).
+        text = text.rstrip(REPLACEMENT_CHAR)
+    beyond, stop_string = _beyond_text(pieces, text.encode())
+    # Exact tokens past the text: a matched stop string the server cut from the text (set aside),
+    # or bytes of a character a length cap left unfinished (kept: the text cannot hold them).
+    past_text = set(visible[len(visible) - beyond:]) if beyond and stop_string else set()
+    dangling = {i: entries[i].reading.exact for i in visible[len(visible) - beyond:]} if beyond else {}
+    if beyond:
+        visible, pieces = visible[: len(visible) - beyond], pieces[: len(pieces) - beyond]
     alignment = align(pieces, text.encode(), options.vocab)
     spans = dict(zip(visible, alignment.spans, strict=True))
+    if not stop_string:
+        spans.update(dangling)
     ambiguous = {visible[j] for j in alignment.ambiguous}
     for index, entry in enumerate(entries):
         reading = entry.reading
-        special = reading.special
+        special = reading.special or index in past_text
         if special:
             data = reading.exact if reading.exact is not None else b""
             origin = reading.origin
@@ -205,12 +222,48 @@ def _finish(entries: list[_Entry], text: str | None, options: ParseOptions, repo
     return Parsed(tokens, report)
 
 
+def _ends_unfinished(pieces: list[Piece]) -> bool:
+    """The exact pieces end inside a character (a length cap stopped generation there)."""
+    if not pieces or any(p.exact is None for p in pieces):
+        return False
+    tail = b"".join(p.exact for p in pieces)[-4:]  # type: ignore[misc]
+    # Walk back over continuation bytes to the lead byte: does it promise more than is there?
+    for back in range(1, len(tail) + 1):
+        byte = tail[-back]
+        if byte & 0xC0 != 0x80:
+            needed = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4 if byte >> 3 == 0b11110 else 1
+            return needed > back
+    return False
+
+
+def _beyond_text(pieces: list[Piece], text: bytes) -> tuple[int, bool]:
+    """How many trailing exact pieces lie wholly past the end of `text`, and whether they spell
+    complete text (a stop string) rather than an unfinished character. (0, False): not that shape."""
+    if not pieces or any(p.exact is None for p in pieces):
+        return 0, False
+    joined = b"".join(p.exact for p in pieces)  # type: ignore[misc]
+    if joined == text or not joined.startswith(text):
+        return 0, False
+    total = 0
+    for count, piece in enumerate(pieces, start=1):
+        if total == len(text):
+            tail = joined[len(text):]
+            try:
+                tail.decode("utf-8")
+            except UnicodeDecodeError:
+                return len(pieces) - count + 1, False
+            return len(pieces) - count + 1, True
+        total += len(piece.exact)  # type: ignore[arg-type]
+    return 0, False
+
+
 # --- fast paths ---------------------------------------------------------------------------------
 # The gateway's hot path is one shape: vLLM with a tokenizer, every token and alternative a
 # `token_id:N` placeholder (or, reading our own output back, exact `bytes`). These readers handle
 # exactly that shape in one pass, with no intermediate objects, and give up (None) on the first
 # entry that needs anything else; the general reader then starts over, so results and errors are
-# the same either way.
+# the same either way. With the text given, exact tokens that already spell it are returned as
+# they are (alignment could only confirm them); any other case is the general reader's.
 
 _ID_TABLES: weakref.WeakKeyDictionary[Any, list[bytes | None]] = weakref.WeakKeyDictionary()
 
@@ -380,6 +433,11 @@ def _completions_from_ids(strings: list[Any], values: list[Any], tops: list[Any]
     return tokens
 
 
+def _spells(tokens: list[Token], text: str) -> bool:
+    """The exact tokens spell `text` as they are: then aligning against it would change nothing."""
+    return b"".join([token.bytes for token in tokens if not token.special]) == text.encode()
+
+
 # --- general readers ------------------------------------------------------------------------------
 
 
@@ -388,7 +446,7 @@ def parse_chat(
 ) -> Parsed:
     """Chat `logprobs.content` entries `{token, logprob, bytes?, top_logprobs?}` (also llama.cpp's,
     whose entries add `id`) -> Tokens. `text` is the message text the tokens produced, if known."""
-    if text is None and type(content) is list:
+    if type(content) is list:
         report = TranslationReport()
         if options.vocab is not None:
             fast = _chat_from_ids(content, options.vocab, report)
@@ -396,14 +454,15 @@ def parse_chat(
             fast = _chat_from_exact_bytes(content, report)
         else:
             fast = None
-        if fast is not None:
+        if fast is not None and (text is None or _spells(fast, text)):
             return Parsed(fast, report)
     report = TranslationReport()
     entries: list[_Entry] = []
     for item in content or ():
         if not isinstance(item, Mapping):
             raise LogprobParseError("each logprob entry must be an object")
-        reading = _read(item.get("token"), item.get("bytes"), options, _int_or_none(item.get("id")))
+        reading = _read(item.get("token"), item.get("bytes"), options,
+                        _int_or_none(item.get("id")) if options.read_ids else None)
         if item.get("special") is True and not reading.special:
             reading = _Reading(reading.string, reading.exact, reading.token_id, True, reading.origin)
         logprob = _logprob(item.get("logprob"), report)
@@ -418,7 +477,8 @@ def _candidates_from_list(
     for item in items or ():
         if not isinstance(item, Mapping):
             raise LogprobParseError("each top_logprobs entry must be an object")
-        reading = _read(item.get("token"), item.get("bytes"), options, _int_or_none(item.get("id")))
+        reading = _read(item.get("token"), item.get("bytes"), options,
+                        _int_or_none(item.get("id")) if options.read_ids else None)
         yield _candidate(reading, _logprob(item.get("logprob"), report), report)
 
 
@@ -440,10 +500,10 @@ def parse_completions(
     tops = logprobs.get("top_logprobs")
     if len(values) != len(token_strings) or (tops is not None and len(tops) != len(token_strings)):
         raise LogprobParseError("completions logprob arrays differ in length")
-    if (text is None and options.vocab is not None and type(token_strings) is list and type(values) is list
+    if (options.vocab is not None and type(token_strings) is list and type(values) is list
             and (tops is None or type(tops) is list)):
         fast = _completions_from_ids(token_strings, values, tops, options.vocab, report)
-        if fast is not None:
+        if fast is not None and (text is None or _spells(fast, text)):
             return Parsed(fast, report)
         report = TranslationReport()
     entries: list[_Entry] = []

@@ -28,10 +28,20 @@ def realign(tokens: Sequence[Token], text: str, vocab: Vocab | None = None) -> t
     lossy = [t for t in tokens if t.origin is Origin.AMBIGUOUS]
     if not lossy:
         return list(tokens), 0
+    pieces = [_piece(t) for t in tokens]
     try:
-        alignment = align([_piece(t) for t in tokens], text.encode(), vocab)
+        alignment = align(pieces, text.encode(), vocab)
     except AlignmentError:
-        return list(tokens), len(lossy)
+        # The server dropped some tokens' entries (SGLang streams a chunk only when text grows):
+        # the lossy tokens left stand for the whole merged run, like llama.cpp's completing token.
+        merged = [Piece(p.string, p.exact, any_span=True) if t.origin is Origin.AMBIGUOUS else p
+                  for t, p in zip(tokens, pieces, strict=True)]
+        try:
+            alignment = align(merged, text.encode())
+        except AlignmentError:
+            return list(tokens), len(lossy)
+        alignment = type(alignment)(alignment.spans, frozenset(
+            i for i, t in enumerate(tokens) if t.origin is Origin.AMBIGUOUS) | alignment.ambiguous)
     out = []
     for index, (token, span) in enumerate(zip(tokens, alignment.spans, strict=True)):
         if index in alignment.ambiguous:

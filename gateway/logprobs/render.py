@@ -30,19 +30,15 @@ def _entry(data: bytes, logprob: float | None) -> dict[str, Any]:
 def render_chat_entry(token: Token, k: int) -> dict[str, Any]:
     # The hot path of every response: chat_token_string and normalize_logprob are written out
     # inline (same results) because a call costs as much as the work here.
-    data = token.bytes
-    logprob = token.logprob
+    data, logprob, alternatives = token[:3]  # (bytes, logprob, top): tuple unpacking is the fast read
     if type(logprob) is not float or not SENTINEL_LOGPROB < logprob < _INF:
         logprob = normalize_logprob(logprob)
-    top: list[dict[str, Any]] = []
-    if k > 0 and token.top:
-        for cand in normalize_candidates(token.top, k):
-            cand_bytes = cand.bytes
-            value = cand.logprob
-            if type(value) is not float or not SENTINEL_LOGPROB < value < _INF:
-                value = normalize_logprob(value)
-            top.append({"token": cand_bytes.decode("utf-8", "backslashreplace"), "logprob": value,
-                        "bytes": list(cand_bytes)})
+    top = [
+        {"token": cand_bytes.decode("utf-8", "backslashreplace"),
+         "logprob": value if type(value) is float and SENTINEL_LOGPROB < value < _INF else normalize_logprob(value),
+         "bytes": list(cand_bytes)}
+        for cand_bytes, value, _, _ in (normalize_candidates(alternatives, k) if k > 0 and alternatives else ())
+    ]
     return {"token": data.decode("utf-8", "backslashreplace"), "logprob": logprob, "bytes": list(data),
             "top_logprobs": top}
 
@@ -52,10 +48,9 @@ def render_chat(tokens: Sequence[Token], k: int) -> list[dict[str, Any]]:
     return [render_chat_entry(token, k) for token in tokens]
 
 
-def render_responses_entry(token: Token, k: int) -> dict[str, Any]:
-    # Same keys as chat; bytes are sent everywhere (the Open Responses spec requires them in
-    # stream events too, and OpenAI's SDK accepts them).
-    return render_chat_entry(token, k)
+# Same keys as chat; bytes are sent everywhere (the Open Responses spec requires them in stream
+# events too, and OpenAI's SDK accepts them). The same function, not a wrapper: it runs per token.
+render_responses_entry = render_chat_entry
 
 
 def render_responses(tokens: Sequence[Token], k: int) -> list[dict[str, Any]]:

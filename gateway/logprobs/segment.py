@@ -64,15 +64,21 @@ def split_content(tokens: Sequence[Token], content: str, *, skip: int = 0, last:
     end = start
     stop = offsets[start] + len(target) if start < len(tokens) else 0
     while end < len(tokens) and (offsets[end] < stop or (end == start and target)):
-        end += 1  # a last token past `stop` holds a character cut short by a length cap
+        end += 1
+    if target and _cut_character(joined[stop:]):
+        end = len(tokens)  # a length cap stopped inside a character the text never showed: still the text's
     while end < len(tokens) and tokens[end].special:
         end += 1
     return Segments(tokens[:start], tokens[start:end], tokens[end:], exact)
 
 
-def split_before(tokens: Sequence[Token], size: int) -> tuple[list[Token], list[Token]]:
-    """The tokens that spell the first `size` bytes, and the rest (reasoning followed by a tool call)."""
-    tokens = list(tokens)
-    offsets = _offsets(tokens)
-    cut = next((i for i, offset in enumerate(offsets) if offset >= size and tokens[i].bytes), len(tokens))
-    return tokens[:cut], tokens[cut:]
+def _cut_character(rest: bytes) -> bool:
+    """True when `rest` is only the first bytes of one UTF-8 character."""
+    if not rest or len(rest) > HELD_BYTES:
+        return False
+    try:
+        rest.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return err.reason == "unexpected end of data" and err.start == 0
+    return False
+

@@ -87,6 +87,8 @@ def normalize_logprob(value: float | None) -> float:
 
 
 _by_logprob = attrgetter("logprob")
+_token_id = attrgetter("token_id")
+_bytes_of = attrgetter("bytes")
 
 
 def normalize_candidates(candidates: tuple[Candidate, ...] | list[Candidate], k: int) -> tuple[Candidate, ...]:
@@ -98,12 +100,19 @@ def normalize_candidates(candidates: tuple[Candidate, ...] | list[Candidate], k:
     """
     if k <= 0 or not candidates:
         return ()
-    # An id (int) and bytes never compare equal, so one set holds both kinds of identity.
-    if len({c.bytes if c.token_id is None else c.token_id for c in candidates}) == len(candidates):
+    count = len(candidates)
+    ids = set(map(_token_id, candidates))
+    if None not in ids:
+        unique = len(ids) == count
+    elif len(ids) == 1:  # no ids at all: a candidate is its bytes
+        unique = len(set(map(_bytes_of, candidates))) == count
+    else:
+        unique = False
+    if unique:
         # No duplicates (the usual case): a stable sort on the logprob alone. `reverse=True` keeps
         # equal elements in their original order, like sorting on the negated key.
         ordered = sorted(candidates, key=_by_logprob, reverse=True)
-        return tuple(ordered[:k]) if len(ordered) > k else tuple(ordered)
+        return tuple(ordered[:k]) if count > k else tuple(ordered)
     best: dict[object, Candidate] = {}
     for cand in candidates:
         key = ("id", cand.token_id) if cand.token_id is not None else ("bytes", cand.bytes)

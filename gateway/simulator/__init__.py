@@ -8,5 +8,7 @@ All of them take a real tokenizer (`create_app(vocab, model, ...)`), share the f
 - `vllm`: vLLM's /v1/chat/completions and /v1/completions;
 - `tgi`: Text Generation Inference's /generate, /generate_stream and its OpenAI routes;
 - `sglang`: SGLang's /v1/chat/completions, /v1/completions and native /generate;
-- `llamacpp`: llama.cpp's llama-server /v1/chat/completions, /v1/completions and /completion.
+- `llamacpp`: llama.cpp's llama-server /v1/chat/completions, /v1/completions and /completion;
+- `openai`: a server in OpenAI's own conventions (`\\xNN` token strings with exact bytes, `bytes:`
+  completions tokens, true top-k lists).
 """

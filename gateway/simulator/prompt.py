@@ -44,6 +44,14 @@ def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
     return None
 
 
+def reply_key(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """What a scripted reply is looked up by: a tool result when the chat ends with one (the turn
+    after a tool call), else the last user message."""
+    if messages and messages[-1].get("role") == "tool":
+        return message_text(messages[-1].get("content"))
+    return last_user_text(messages)
+
+
 class ChatMLRenderer:
     """Renders chat messages into prompt token ids."""
 

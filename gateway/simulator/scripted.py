@@ -76,7 +76,7 @@ class Layout:
 
 def layout(script: Script, encode: Callable[[str], list[int]]) -> tuple[list[int], Layout]:
     """The reply's ids (without EOS) and where each part lies."""
-    ids = encode(script.reasoning) if script.reasoning else []
+    ids = list(encode(script.reasoning)) if script.reasoning else []  # a copy: encoders may cache their lists
     reasoning_end = len(ids)
     ids += encode(script.content) if script.content else []
     content_end = len(ids)

@@ -29,6 +29,7 @@ import orjson
 from aiohttp import web
 
 from gateway.logprobs.vocab import Vocab
+from gateway.simulator import scripted
 from gateway.simulator import vllm_wire as wire
 from gateway.simulator.base import (
     Admitted,
@@ -43,7 +44,7 @@ from gateway.simulator.base import (
 )
 from gateway.simulator.detok import IncrementalDetokenizer, TokenStrings, decode_ids
 from gateway.simulator.faults import FaultPlan
-from gateway.simulator.script import DEFAULT_REPLY, Output, TokensPerStep
+from gateway.simulator.script import DEFAULT_REPLY, Output, TokensPerStep, plan_output
 from gateway.simulator.synthetic import Position
 from gateway.simulator.vllm_params import GenRequest, RequestError, ServerLimits, parse_chat, parse_completions
 from gateway.simulator.vllm_wire import JSON
@@ -59,6 +60,7 @@ class _Job:
     key: str  # digest of the prompt: seeds the synthetic logprobs
     output: Output
     steps: list[tuple[int, int]]
+    turn: scripted.ScriptedTurn | None = None  # a reply with thinking or tool calls (see scripted.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,7 @@ class SimSettings(CommonSettings):
     max_logprobs: int = 20
     max_model_len: int = 4096
     return_tokens_as_token_ids: bool = False
+    reasoning_field: str = "reasoning"  # "reasoning_content" before vLLM 0.10
 
 
 class VLLMSimulator(SimulatorBase):
@@ -120,11 +123,23 @@ class VLLMSimulator(SimulatorBase):
 
     def _admit(self, gen: GenRequest, plan: FaultPlan, prefix: str) -> _Job:
         eos = self.chat_eos if gen.endpoint == "chat" else self.completion_eos
-        output = self.generate(gen.reply_key, gen.max_tokens, eos, ignore_eos=gen.ignore_eos)
+        script = scripted.read_script(self.settings.replies.get(gen.reply_key)) if gen.reply_key is not None else None
+        turn = None
+        if script is None:
+            output = self.generate(gen.reply_key, gen.max_tokens, eos, ignore_eos=gen.ignore_eos)
+        else:
+            if gen.endpoint != "chat":  # no parsers on /v1/completions: the text is all there is
+                script = scripted.Script(script.content)
+            ids, layout = scripted.layout(script, self.encode)
+            output = plan_output(ids, gen.max_tokens, eos, ignore_eos=gen.ignore_eos,
+                                 filler=self.encode(self.settings.default_reply))
+            if gen.endpoint == "chat":
+                turn = scripted.ScriptedTurn(layout, output.token_ids, lambda: IncrementalDetokenizer(self.vocab),
+                                             self.settings.reasoning_field)
         digest = self.digest(gen.endpoint, gen.prompt_ids)
         steps = self.steps(len(output.token_ids), plan, digest, gen.stream_interval)
         env = wire.Envelope(wire.new_request_id(prefix), int(time.time()), self.model)
-        return _Job(gen, plan, env, digest, output, steps)
+        return _Job(gen, plan, env, digest, output, steps, turn)
 
     async def _parse(self, request: web.Request, endpoint: str) -> tuple[FaultPlan, GenRequest]:
         try:
@@ -178,6 +193,10 @@ class VLLMSimulator(SimulatorBase):
                 prompt_logprobs=self._raw_prompt_logprobs(job),
                 prompt_token_ids=gen.prompt_ids if gen.return_token_ids else None,
             )
+            if job.turn is not None:
+                choice = body["choices"][0]
+                choice["message"].update(job.turn.message(len(ids)))
+                choice["finish_reason"] = job.turn.finish_reason(out.finish_reason, len(ids))
         else:
             shown_text, logprobs = self._completion_view(job, 0, len(ids), text, first=True, text_offset=0)
             body = wire.completion_response(
@@ -244,6 +263,11 @@ class VLLMSimulator(SimulatorBase):
                 chunk = wire.chat_content_chunk(
                     job.env, text=delta, logprobs=logprobs, finish_reason=finish, token_ids=step_ids
                 )
+                if job.turn is not None:
+                    choice = chunk["choices"][0]
+                    choice["delta"] = job.turn.delta(start, end)
+                    if finish is not None:
+                        choice["finish_reason"] = job.turn.finish_reason(finish, end)
             else:
                 shown_text, logprobs = self._completion_view(job, start, end, delta, first=n == 0, text_offset=text_len)
                 chunk = wire.completion_chunk(
@@ -298,6 +322,7 @@ def create_app(
     tokens_per_step: TokensPerStep = 1,
     step_delay_ms: float = 0.0,
     return_tokens_as_token_ids: bool = False,
+    reasoning_field: str = "reasoning",
 ) -> web.Application:
     """An aiohttp app that answers like `vllm serve <model>` (see the module docstring).
 
@@ -306,6 +331,8 @@ def create_app(
     tokens_per_step: tokens per streamed engine step after the first (an int, or "vary" for
     1-3 like speculative decoding); requests may override it with `stream_interval`.
     step_delay_ms: wait before each engine step. return_tokens_as_token_ids: the server flag.
+    A reply may also be an object with thinking and tool calls (see `scripted.py`); reasoning_field
+    names the thinking's key (`reasoning`; `reasoning_content` before vLLM 0.10).
     The simulator object (stats, settings) is at `app[SIMULATOR_KEY]`.
     """
     settings = SimSettings(
@@ -313,6 +340,7 @@ def create_app(
         max_logprobs=max_logprobs,
         max_model_len=max_model_len,
         return_tokens_as_token_ids=return_tokens_as_token_ids,
+        reasoning_field=reasoning_field,
     )
     sim = VLLMSimulator(vocab, model, settings)
     routes = [

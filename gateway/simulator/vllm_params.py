@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gateway.simulator.prompt import ChatMLRenderer, last_user_text, message_text
+from gateway.simulator.prompt import ChatMLRenderer, message_text, reply_key
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # CompletionRequest.max_tokens default when the field is absent
 
@@ -172,7 +172,7 @@ def parse_chat(body: Mapping[str, Any], limits: ServerLimits, renderer: ChatMLRe
         prompt_ids = renderer.prompt_ids(messages)
         last = messages[-1]
         echo_text = message_text(last.get("content")) if echo and last.get("role") == "assistant" else None
-        reply_key = last_user_text(messages)
+        key = reply_key(messages)
     except ValueError as exc:
         raise RequestError(str(exc), param="messages") from None
     param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -186,7 +186,7 @@ def parse_chat(body: Mapping[str, Any], limits: ServerLimits, renderer: ChatMLRe
         **_shared_fields(body, limits, stream_options),
         prompt_ids=prompt_ids,
         prompt_text="",
-        reply_key=reply_key,
+        reply_key=key,
         echo_text=echo_text,
         echo=False,
         max_tokens=max_tokens,

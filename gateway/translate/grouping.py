@@ -16,6 +16,10 @@ from gateway.logprobs.vocab import Vocab
 Group = tuple[str, list[Token]]
 
 
+class TextMismatch(ValueError):
+    """The upstream sent text its logprobs do not cover: the logprobs cannot describe the output."""
+
+
 class TextGrouper:
     def __init__(self, vocab: Vocab | None = None) -> None:
         self._vocab = vocab
@@ -25,6 +29,7 @@ class TextGrouper:
         self._first_token_seen = False
         self._text_led = False
         self._held: list[Token] = []
+        self._emitted_chars = 0
 
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[Group]:
         """One upstream step: its tokens (exact bytes where known) and the text it reported."""
@@ -38,6 +43,7 @@ class TextGrouper:
                 return []
             tokens_for_text, _ = realign(self._held, upstream_text, self._vocab)
             self._held = []
+            self._emitted_chars += len(upstream_text)
             return [(upstream_text, tokens_for_text)]
         groups: list[Group] = []
         for token in tokens:
@@ -53,6 +59,7 @@ class TextGrouper:
                     continue  # the character completes in a later token
                 text = self._pending_bytes.decode("utf-8", errors="replace")  # truly invalid bytes
             groups.append((text, self._pending))
+            self._emitted_chars += len(text)
             self._pending = []
             self._pending_bytes = bytearray()
         return groups
@@ -71,6 +78,10 @@ class TextGrouper:
 
         In a text-led stream an empty string after the last text is the end-of-sequence token,
         unless generation was cut by length."""
+        if len(self._upstream_text) > self._emitted_chars + len(self._pending_bytes):
+            # More text than the logprobs spell (tokens beyond the text are tolerated: a stop string).
+            raise TextMismatch(f"the upstream sent {len(self._upstream_text)} characters of text but logprobs "
+                               f"for only {self._emitted_chars}")
         held = self._held if finish_reason == "length" else [t for t in self._held if t.bytes]
         dangling = self._pending + held
         self._pending, self._held, self._pending_bytes = [], [], bytearray()

@@ -174,8 +174,11 @@ class ResponsesStream:
         entries = self._entries(tokens)
         self._text.append(text)
         self._logprobs.extend(entries)
-        return self._event("response.output_text.delta", item_id=self.message_id, output_index=self._message_index,
-                           content_index=0, delta=text, logprobs=entries)
+        # Built in place (one event per character of output): the same dict `_event` would build.
+        event = {"type": "response.output_text.delta", "sequence_number": self._sequence, "item_id": self.message_id,
+                 "output_index": self._message_index, "content_index": 0, "delta": text, "logprobs": entries}
+        self._sequence += 1
+        return event
 
     def _entries(self, tokens: Iterable[Token]) -> list[dict[str, Any]]:
         if not self.settings.include_logprobs:

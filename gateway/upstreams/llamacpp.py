@@ -10,4 +10,6 @@ from __future__ import annotations
 
 from gateway.upstreams.openai_compatible import Flavor
 
-FLAVOR = Flavor(name="llama.cpp", trust_bytes=True, chat_shaped_completions=True)
+# Its `bytes` are the truth: a completing token's bytes hold the whole character, more than its id's.
+FLAVOR = Flavor(name="llama.cpp", trust_bytes=True, chat_shaped_completions=True, read_ids=False,
+                min_top_logprobs=1)

@@ -18,6 +18,8 @@ from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.parse import LogprobParseError, Parsed, ParseOptions, parse_chat, parse_completions
 from gateway.logprobs.realign import realign
 from gateway.logprobs.segment import HELD_BYTES, split_content
+from gateway.logprobs.spellings import looks_like_special
+from gateway.logprobs.tokens import Origin, Token
 from gateway.translate.generation import Generation
 from gateway.upstreams.base import Step, ToolCallDelta, UpstreamCall, UpstreamFormatError, unsupported
 
@@ -42,9 +44,11 @@ class Flavor:
     completions_logprobs: bool = True
     prompt_logprobs: bool = False
     escapes: bool = False
+    read_ids: bool = True
+    min_top_logprobs: int = 0  # llama.cpp returns no logprobs at all for 0 alternatives: ask for 1, cut to k
 
     def parse_options(self, vocab: Any) -> ParseOptions:
-        return ParseOptions(vocab=vocab, trust_bytes=self.trust_bytes, escapes=self.escapes)
+        return ParseOptions(vocab=vocab, trust_bytes=self.trust_bytes, escapes=self.escapes, read_ids=self.read_ids)
 
 
 # --- responses ----------------------------------------------------------------------------------
@@ -77,7 +81,7 @@ def _logprobs_or_fail(parse, *args: Any) -> Parsed:
 
 def _text_bound(options: ParseOptions, streaming: bool, text: str) -> str | None:
     # A whole response's text bounds lossy tokens; a chunk's text may lag its tokens (held bytes).
-    return None if streaming or options.vocab is not None else text
+    return None if streaming else text
 
 
 def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool) -> Step:
@@ -95,10 +99,18 @@ def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool
     tool_calls = _tool_calls(container.get("tool_calls"))
     if reasoning is None and not tool_calls:
         parsed = _logprobs_or_fail(parse_chat, content, options, _text_bound(options, streaming, text))
-        return Step(text, parsed.tokens, choice.get("finish_reason"), _usage(body), report=parsed.report)
+        tokens = parsed.tokens if text or not streaming else [_hide_control(t) for t in parsed.tokens]
+        return Step(text, tokens, choice.get("finish_reason"), _usage(body), report=parsed.report)
     step = Step(text, [], choice.get("finish_reason"), _usage(body), reasoning=reasoning, tool_calls=tool_calls)
     _set_aside(step, content, options, streaming)
     return step
+
+
+def _hide_control(token: Token) -> Token:
+    """A chunk that added no text but spells a control token (TGI's EOS entry): it carries no text."""
+    if token.special or token.origin is not Origin.TEXT or not looks_like_special(token.bytes.decode()):
+        return token
+    return type(token)(token.bytes, token.logprob, token.top, token.token_id, True, token.origin, token.top_absent)
 
 
 def _reasoning(container: Mapping[str, Any]) -> str | None:
@@ -155,13 +167,24 @@ def _set_aside(step: Step, content: Any, options: ParseOptions, streaming: bool)
     if step.reasoning is not None and not text and not step.tool_calls:
         step.reasoning_tokens = parsed.tokens  # a chunk of thinking only
         return
-    size = len(reasoning.encode())
-    skip = max(0, size - HELD_BYTES) if streaming else size
-    segments = split_content(parsed.tokens, text, skip=skip if reasoning else 0, last=streaming)
+    skip = len(reasoning.encode())
+    if streaming and reasoning:
+        skip -= _held_before(parsed.tokens, reasoning)
+    segments = split_content(parsed.tokens, text, skip=skip, last=streaming)
     step.reasoning_tokens = segments.before if step.reasoning is not None else []
     step.tokens = segments.content
     if bound is None and not streaming and options.vocab is None and text:
         step.tokens, _ = realign(step.tokens, text, options.vocab)
+
+
+def _held_before(tokens: list[Token], reasoning: str) -> int:
+    """Bytes of a chunk's first reasoning character that came in an earlier chunk's tokens.
+
+    A server holds back a character until its last byte arrives, so a chunk whose tokens start
+    inside a character reports that whole character in its text."""
+    head = b"".join(token.bytes for token in tokens[:HELD_BYTES])
+    inside = len(head) - len(head.lstrip(bytes(range(0x80, 0xC0))))  # leading continuation bytes
+    return max(0, len(reasoning[0].encode()) - inside) if inside else 0
 
 
 def completions_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool,
@@ -219,8 +242,8 @@ def error_message(body: Any, status: int) -> str:
 def requested_top_logprobs(flavor: Flavor, k: int, cap: int) -> int:
     """A server that forces the sampled token into a list of k is asked for k+1 (never over its cap)."""
     if k <= 0:
-        return 0
-    return min(k + 1, cap) if flavor.sampled_first else k
+        return flavor.min_top_logprobs
+    return min(k + 1, cap) if flavor.sampled_first else max(k, flavor.min_top_logprobs)
 
 
 def check_cap(gen: Generation, cap: int, param: str) -> None:
@@ -274,7 +297,8 @@ def completions_call(flavor: Flavor, gen: Generation, upstream_model: str, promp
     if gen.response_format is not None:
         body["response_format"] = gen.response_format  # OpenAI-compatible servers take it here too
     if flavor.chat_shaped_completions:
-        body.update(logprobs=True, top_logprobs=k)
+        # The request is legacy-shaped (`logprobs` is the count); only the answer is chat-shaped.
+        body["logprobs"] = requested_top_logprobs(flavor, k, cap)
     else:
         # The completions dict holds the sampled token *plus* the top k, so k is enough here.
         body["logprobs"] = k

@@ -118,9 +118,10 @@
     return out;
   }
 
-  // Each token's bytes as pieces: {text} for whole characters, {bytes, char} for fragments of a
-  // character shared with neighbours (char null: bytes that never form one). Tokens that share a
-  // character get the same group (the index of the group's first token).
+  // Each token's bytes as pieces: {text} for whole characters, {bytes, char, closes} for fragments
+  // of a character shared with neighbours (char null: bytes that never form one; closes: its last
+  // bytes, after which the views name the character). Tokens that share a character get the same
+  // group (the index of the group's first token).
   function layOut(tokens) {
     const offsets = [0];
     for (const token of tokens) offsets.push(offsets[offsets.length - 1] + token.bytes.length);
@@ -141,7 +142,7 @@
       }
       for (let t = first; t <= last; t += 1) {
         const chunk = data.slice(Math.max(begin, offsets[t]), Math.min(end, offsets[t + 1]));
-        if (chunk.length) pieces[t].push({ bytes: chunk, char });
+        if (chunk.length) pieces[t].push({ bytes: chunk, char, closes: t === last });
         if (t < last) links[t] = true;
       }
       splits.push({ char, bytes: data.slice(begin, end), tokens: tokens.slice(first, last + 1) });
@@ -264,8 +265,18 @@
     node.dataset.index = String(token.index);
     node.setAttribute("aria-describedby", "tooltip");
     for (const piece of pieces) {
-      if (piece.text !== undefined) appendText(node, piece.text);
-      else for (const b of piece.bytes) node.append(el("span", "byte", b.toString(16).padStart(2, "0")));
+      if (piece.text !== undefined) {
+        appendText(node, piece.text);
+        continue;
+      }
+      for (const b of piece.bytes) node.append(el("span", "byte", b.toString(16).padStart(2, "0")));
+      if (piece.closes) {
+        // The character these bytes (and the ones before, in earlier tokens) spell: not token text.
+        const label = el("span", piece.char === null ? "joined incomplete" : "joined", piece.char ?? "incomplete");
+        label.setAttribute("aria-hidden", "true");
+        node.append(label);
+        if (piece.char === null) node.classList.add("cut");
+      }
     }
     if (!pieces.length) node.append(el("span", "mark", "∅"));
     return node;
@@ -275,43 +286,41 @@
     return split.char === null ? "incomplete" : split.char;
   }
 
+  function describeSplit(split) {
+    return split.char === null
+      ? `bytes ${hex(split.bytes)} that form no complete character, over ${split.tokens.length} tokens`
+      : `“${split.char}” split across ${split.tokens.length} tokens`;
+  }
+
   // Lays out a run of tokens that ends on a character boundary (or the stream's end) and draws it.
+  // Tokens sharing split characters sit in one group, underlined, named for screen readers.
   function drawRun(run) {
     const { layouts, splits } = layOut(run);
-    const byLast = new Map(splits.filter((s) => s.tokens.length).map((s) => [s.tokens[s.tokens.length - 1], s]));
+    const groups = new Map();  // first token index -> {node, splits}
+    for (const { token, pieces, group } of layouts) {
+      token.el = tokenElement(token, pieces);
+      if (group === null) {
+        ui.tokens.append(token.el);
+        continue;
+      }
+      if (!groups.has(group)) {
+        const node = el("span", "split");
+        node.setAttribute("role", "group");
+        ui.tokens.append(node);
+        groups.set(group, { node, splits: [] });
+      }
+      groups.get(group).node.append(token.el);
+      token.group = groups.get(group);
+    }
     for (const split of splits) {
       for (const token of split.tokens) token.split = split;
       state.splits.push(split);
+      const group = split.tokens[0].group;
+      if (group) group.splits.push(split);
     }
-    let groupNode = null;
-    let groupOf = null;
-    for (const { token, pieces, group } of layouts) {
-      const node = tokenElement(token, pieces);
-      token.el = node;
-      if (group !== null && group !== groupOf) {
-        groupNode = el("span", "split");
-        groupNode.setAttribute("role", "group");
-        ui.tokens.append(groupNode);
-        groupOf = group;
-      } else if (group === null) {
-        groupNode = null;
-        groupOf = null;
-      }
-      (groupNode || ui.tokens).append(node);
-      const split = byLast.get(token);
-      if (split) {
-        const host = groupNode || ui.tokens;
-        if (!groupNode) node.classList.add("lonely");  // a single token holding a cut character
-        const label = el("span", split.char === null ? "joined incomplete" : "joined", splitLabel(split));
-        label.setAttribute("aria-hidden", "true");
-        host.append(label);
-        if (groupNode) {
-          groupNode.setAttribute("aria-label", split.char === null
-            ? `bytes ${hex(split.bytes)} that form no complete character, over ${split.tokens.length} tokens`
-            : `“${split.char}” split across ${split.tokens.length} tokens`);
-          if (split.char === null) groupNode.classList.add("incomplete");
-        }
-      }
+    for (const { node, splits: shared } of groups.values()) {
+      node.setAttribute("aria-label", shared.map(describeSplit).join("; "));
+      if (shared.some((s) => s.char === null)) node.classList.add("incomplete");
     }
   }
 
@@ -324,6 +333,7 @@
         top: (entry.top_logprobs || []).map((c) => ({ bytes: entryBytes(c), logprob: Number(c.logprob) })),
         el: null,
         split: null,
+        group: null,
       };
       state.tokens.push(token);
       state.pending.push(token);
@@ -381,14 +391,15 @@
     if (token.top.length) {
       tip.append(el("p", "tt-alts-title", "Alternatives"));
       const list = el("ol", "tt-alts");
-      for (const candidate of token.top) {
+      for (const [rank, candidate] of token.top.entries()) {
         const q = probability(candidate.logprob);
         const item = el("li", sameBytes(candidate.bytes, token.bytes) ? "chosen" : "");
         const bar = el("span", "bar");
         const fill = el("span", `fill p${bucket(q)}`);
         fill.style.width = `${Math.max(q * 100, 1)}%`;
         bar.append(fill);
-        item.append(el("code", "alt-token", quoted(candidate.bytes)), bar, el("span", "alt-p", formatProbability(q)));
+        item.append(el("span", "alt-rank", `${rank + 1}.`), el("code", "alt-token", quoted(candidate.bytes)), bar,
+          el("span", "alt-p", formatProbability(q)));
         if (sameBytes(candidate.bytes, token.bytes)) item.append(el("span", "visually-hidden", " (sampled)"));
         list.append(item);
       }
@@ -406,6 +417,10 @@
     if (narrow.matches || !token.el) {
       tip.style.left = "";
       tip.style.top = "";
+      // A sheet at the bottom: keep the token itself in view above it.
+      const rect = token.el?.getBoundingClientRect();
+      const hidden = rect ? rect.bottom + 8 - (window.innerHeight - tip.offsetHeight) : 0;
+      if (hidden > 0) window.scrollBy({ top: hidden });
       return;
     }
     const rect = token.el.getBoundingClientRect();
@@ -502,7 +517,8 @@
       ? splits.map((s) => `${splitLabel(s)} (${s.tokens.length} tokens)`).join(", ") : (n ? "none" : "—");
     const finish = state.finish;
     ui.finish.textContent = finish
-      ? [finish.status, finish.reason && `(${finish.reason})`, finish.usage && `· ${finish.usage.output_tokens} out`]
+      ? [finish.status, finish.reason && `(${finish.reason})`,
+        finish.usage && `· usage: ${finish.usage.input_tokens} in, ${finish.usage.output_tokens} out`]
         .filter(Boolean).join(" ")
       : (state.controller ? "streaming…" : "—");
     const order = tokens.map((t, i) => i).sort((a, b) => logprobs[a] - logprobs[b] || a - b).slice(0, LEAST_CONFIDENT);
@@ -551,6 +567,7 @@
   async function loadModels() {
     try {
       const response = await fetch("v1/models", { headers: headers() });
+      if (response.status === 401) ui.apiKey.closest("details").open = true;  // the gateway wants a key
       if (!response.ok) throw new Error(await errorMessage(response));
       const models = ((await response.json()).data || []).map((m) => m.id);
       ui.model.replaceChildren(...models.map((id) => {
@@ -646,6 +663,7 @@
     ui.stop.disabled = false;
     ui.tokens.setAttribute("aria-busy", "true");
     setStatus("Streaming…", "busy");
+    if (narrow.matches) ui.tokens.closest("section").scrollIntoView({ block: "start" });
     try {
       const response = await fetch("v1/responses", {
         method: "POST", headers: headers(), body: JSON.stringify(body), signal: controller.signal,
@@ -672,8 +690,23 @@
     }
   }
 
+  // The layout rules on plain arrays of bytes, for tests that hold them to gateway/inspect_view.py.
+  window.logprobPlayground = Object.freeze({
+    layOut: (tokenBytes) => layOut(tokenBytes.map((b) => ({ bytes: Uint8Array.from(b) }))).layouts.map(
+      ({ pieces, group }) => ({
+        group,
+        pieces: pieces.map((p) => (p.text !== undefined ? p.text
+          : { bytes: Array.from(p.bytes), char: p.char, closes: p.closes })),
+      })),
+    quoted: (bytes) => quoted(Uint8Array.from(bytes)),
+  });
+
   ui.form.addEventListener("submit", send);
   ui.stop.addEventListener("click", () => state.controller?.abort());
+  ui.apiKey.addEventListener("change", () => {
+    setStatus("", "");
+    loadModels();
+  });
   loadModels().finally(() => {
     document.body.dataset.state = "idle";
   });
