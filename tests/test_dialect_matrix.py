@@ -110,3 +110,29 @@ async def test_tgi_refuses_more_alternatives_than_its_cap(aiohttp_server, vocab)
     with pytest.raises(BadRequestError) as err:
         await stack.client.responses.create(model=stack.model, input="x", include=LOGPROBS, top_logprobs=6)
     assert err.value.body["code"] == "unsupported_parameter" and err.value.body["param"] == "top_logprobs"
+
+
+@pytest.mark.parametrize("front", FRONTS)
+async def test_two_dialects_driven_by_the_same_tokens_give_identical_output(aiohttp_server, vocab, tmp_path, front):
+    """vLLM (token-id placeholders, sampled-first lists, k+1 dicts) and a server in OpenAI's conventions
+    (escaped strings with bytes, `bytes:` tokens, true top-k) simulate the same tokens for the same
+    prompt: the client must not be able to tell them apart."""
+    outputs = []
+    for dialect in ("vllm", "openai"):
+        stack = await start_stack(aiohttp_server, vocab, dialect=dialect, api="completions", default_reply=TEXT,
+                                  chat_template=chatml_template(tmp_path))
+        if front == "responses":
+            response = await stack.client.responses.create(model=stack.model, input="hello", include=LOGPROBS,
+                                                           top_logprobs=K, max_output_tokens=200)
+            outputs.append([e.model_dump() for e in response.output[0].content[0].logprobs])
+        elif front == "chat":
+            completion = await stack.client.chat.completions.create(
+                model=stack.model, messages=[{"role": "user", "content": "hello"}], logprobs=True, top_logprobs=K,
+                max_tokens=200)
+            outputs.append([e.model_dump() for e in completion.choices[0].logprobs.content])
+        else:
+            completion = await stack.client.completions.create(model=stack.model, prompt="hello", logprobs=K,
+                                                               max_tokens=200)
+            outputs.append(completion.choices[0].logprobs.model_dump())
+    assert outputs[0] == outputs[1]
+    assert outputs[0]  # and it is not vacuous
