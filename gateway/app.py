@@ -101,6 +101,8 @@ async def _read_json(request: web.Request) -> dict[str, Any]:
         raise bad_request(f"We could not parse the JSON body of your request: {exc}", None, "invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.", None, "invalid_type")
+    if request.app[STATE].config.logging.log_bodies:
+        request["log"]["body"] = body  # explicitly asked for: bodies hold prompts
     return body
 
 

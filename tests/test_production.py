@@ -229,3 +229,23 @@ async def test_metrics_after_a_run_hold_every_family(aiohttp_server, vocab):
     assert "gateway_logprob_tokens_aligned_total" in text and "gateway_logprob_sentinels_mapped_total" in text
     assert "gateway_logprob_ambiguous_positions_total" in text and "gateway_logprob_collisions_resolved_total" in text
     assert total("gateway_requests_refused_unsupported_total") == 0  # 21 is a validation error, not a refusal
+
+
+async def test_access_log_has_no_prompt_unless_bodies_are_turned_on(aiohttp_server, vocab, caplog):
+    import logging
+
+    sim = await aiohttp_server(create_simulator(vocab, MODEL))
+    for log_bodies in (False, True):
+        config = parse_config({"logging": {"log_bodies": log_bodies},
+                               "upstreams": {"sim": {"urls": [_url(sim)], "health_interval": 0}},
+                               "models": {MODEL: {"upstream": "sim", "tokenizer": {"builtin": "demo"}}},
+                               "store": {"backend": "memory"}}, base_dir=__import__("pathlib").Path("."))
+        gateway = await aiohttp_server(create_app(config))
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="responses_gateway.access"):
+            await _post(str(gateway.make_url("/v1/responses")), {**BODY, "input": "secret prompt"},
+                        {"Authorization": "Bearer sk-very-secret"})
+        [line] = [json.loads(r.getMessage()) for r in caplog.records if r.name == "responses_gateway.access"]
+        assert line["status"] == 200 and line["model"] == MODEL and line["output_tokens"] == 4
+        assert "sk-very-secret" not in json.dumps(line)
+        assert ("secret prompt" in json.dumps(line)) is log_bodies
