@@ -43,18 +43,33 @@ def error_payload(message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": "upstream_error", "param": None, "code": "upstream_error"}}
 
 
-class ResponsesFront:
-    def __init__(self, settings: ResponseSettings, vocab: Vocab | None = None) -> None:
-        self.stream = ResponsesStream(settings, vocab=vocab)
+class _Front:
+    """Delegates to the format's streaming translator; subclasses adapt what differs."""
+
+    stream: Any
 
     def start(self) -> list[dict[str, Any]]:
         return self.stream.start()
 
     def echo(self, text: str, tokens: list[Token]) -> list[dict[str, Any]]:
-        return []
+        return []  # only legacy completions shows the prompt
 
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]:
         return self.stream.feed(tokens, upstream_text)
+
+    def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
+        return self.stream.finish(finish_reason, usage)
+
+    def final(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
+        return self.stream.final(finish_reason, usage)
+
+    def fail(self, message: str) -> list[dict[str, Any]]:
+        return [error_payload(message)]
+
+
+class ResponsesFront(_Front):
+    def __init__(self, settings: ResponseSettings, vocab: Vocab | None = None) -> None:
+        self.stream = ResponsesStream(settings, vocab=vocab)
 
     def feed_step(self, step: Step) -> list[dict[str, Any]]:
         """Reasoning, then message text, then tool calls: the order a model writes them in."""
@@ -69,63 +84,30 @@ class ResponsesFront:
         return self.stream.final_response(finish_reason, responses_usage(usage))
 
     def fail(self, message: str) -> list[dict[str, Any]]:
-        return self.stream.fail(message)
+        return self.stream.fail(message)  # a `response.failed` event, not an error object
 
 
-class ChatFront:
+class ChatFront(_Front):
     def __init__(self, gen: Generation, include_usage: bool, vocab: Vocab | None = None) -> None:
         self.stream = ChatStream(gen.model, logprobs=gen.logprobs, top_logprobs=gen.top_k_logprobs,
                                  include_usage=include_usage, vocab=vocab)
-
-    def start(self) -> list[dict[str, Any]]:
-        return self.stream.start()
-
-    def echo(self, text: str, tokens: list[Token]) -> list[dict[str, Any]]:
-        return []
-
-    def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]:
-        return self.stream.feed(tokens, upstream_text)
 
     def feed_step(self, step: Step) -> list[dict[str, Any]]:
         chunks = self.stream.feed_reasoning(step.reasoning)
         chunks += self.stream.feed(step.tokens, step.text)
         return chunks + self.stream.feed_tool_calls(step.tool_calls)
 
-    def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
-        return self.stream.finish(finish_reason, usage)
 
-    def final(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
-        return self.stream.final(finish_reason, usage)
-
-    def fail(self, message: str) -> list[dict[str, Any]]:
-        return [error_payload(message)]
-
-
-class CompletionsFront:
+class CompletionsFront(_Front):
     def __init__(self, gen: Generation, include_usage: bool, vocab: Vocab | None = None) -> None:
         # Echo without logprobs needs nothing from the upstream: the gateway prepends the prompt.
         echo_text = (gen.prompt or "") if gen.echo_prompt and not gen.logprobs else ""
         self.stream = CompletionsStream(gen.model, logprobs=gen.top_k_logprobs if gen.logprobs else None,
                                         include_usage=include_usage, echo_text=echo_text, vocab=vocab)
 
-    def start(self) -> list[dict[str, Any]]:
-        return self.stream.start()
-
     def echo(self, text: str, tokens: list[Token]) -> list[dict[str, Any]]:
         return self.stream.echo(text, tokens)
-
-    def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]:
-        return self.stream.feed(tokens, upstream_text)
 
     def feed_step(self, step: Step) -> list[dict[str, Any]]:
         # Legacy completions has no place for reasoning or tool calls; the text is what it shows.
         return self.stream.feed(step.tokens, step.text)
-
-    def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
-        return self.stream.finish(finish_reason, usage)
-
-    def final(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
-        return self.stream.final(finish_reason, usage)
-
-    def fail(self, message: str) -> list[dict[str, Any]]:
-        return [error_payload(message)]
