@@ -5,54 +5,20 @@ Each test targets one quirk and is written so that a simulator without it would 
 
 from __future__ import annotations
 
-import itertools
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-from gateway.logprobs.demo_vocab import build_demo_vocab
 from gateway.logprobs.vocab import Vocab
 from gateway.simulator.floats import FLOAT32_LOWEST
-from gateway.simulator.llamacpp import SIMULATOR_KEY, create_app, validate_utf8
+from gateway.simulator.llamacpp import SIMULATOR_KEY, create_app, validate_utf8  # noqa: F401 (conftest uses create_app)
 from gateway.simulator.script import DEFAULT_REPLY
-from gateway.simulator.testing import parse_sse, read_sse, shared_bpe_vocab
+from gateway.simulator.testing import is_descending, parse_sse, post_json, read_sse
 
 MODEL = "sim/llamacpp-model"
-
-
-@pytest.fixture(scope="module")
-def demo_vocab() -> Vocab:
-    return build_demo_vocab()
-
-
-@pytest.fixture(scope="module")
-def qwen2_vocab(shared_dir: Path) -> Vocab:
-    return shared_bpe_vocab(shared_dir / "qwen2" / "vocab.json", shared_dir / "qwen2" / "merges.txt")
-
-
-@pytest.fixture
-async def client(aiohttp_client: Any, demo_vocab: Vocab) -> Any:
-    return await aiohttp_client(create_app(demo_vocab, MODEL))
-
-
-@pytest.fixture
-async def qwen_client(aiohttp_client: Any, qwen2_vocab: Vocab) -> Any:
-    return await aiohttp_client(create_app(qwen2_vocab, "qwen2"))
+QWEN2_MODEL = "qwen2"
 
 
 def chat(text: str = "hello", **fields: Any) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": text}], **fields}
-
-
-async def post_json(client: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    resp = await client.post(path, json=body)
-    assert resp.status == 200, await resp.text()
-    return await resp.json()
-
-
-def is_descending(values: list[float]) -> bool:
-    return all(a >= b for a, b in itertools.pairwise(values))
 
 
 # --- entries ---------------------------------------------------------------------------------------

@@ -7,19 +7,16 @@ simulator's own helpers. Bodies are also validated with the `openai` SDK's types
 
 from __future__ import annotations
 
-import itertools
-from pathlib import Path
 from typing import Any
 
 import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from gateway.logprobs.demo_vocab import build_demo_vocab
 from gateway.logprobs.vocab import Vocab
-from gateway.simulator.openai import SIMULATOR_KEY, create_app, main
+from gateway.simulator.openai import SIMULATOR_KEY, create_app, main  # noqa: F401 (conftest uses create_app)
 from gateway.simulator.script import DEFAULT_REPLY
-from gateway.simulator.testing import parse_sse, read_sse, shared_bpe_vocab
+from gateway.simulator.testing import is_descending, parse_sse, post_json, read_sse
 
 MODEL = "gpt-sim"
 CONTROL_NAMES = {"<|im_end|>", "<|endoftext|>", "<|im_start|>"}
@@ -31,26 +28,6 @@ DEMO_CHAT_TOKENS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def demo_vocab() -> Vocab:
-    return build_demo_vocab()
-
-
-@pytest.fixture(scope="module")
-def qwen2_vocab(shared_dir: Path) -> Vocab:
-    return shared_bpe_vocab(shared_dir / "qwen2" / "vocab.json", shared_dir / "qwen2" / "merges.txt")
-
-
-@pytest.fixture
-async def client(aiohttp_client: Any, demo_vocab: Vocab) -> Any:
-    return await aiohttp_client(create_app(demo_vocab, MODEL))
-
-
-@pytest.fixture
-async def qwen_client(aiohttp_client: Any, qwen2_vocab: Vocab) -> Any:
-    return await aiohttp_client(create_app(qwen2_vocab, MODEL))
-
-
 def chat(text: str = "hello", **fields: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": text}], **fields}
 
@@ -59,22 +36,12 @@ def completion(prompt: str = "hello", **fields: Any) -> dict[str, Any]:
     return {"model": MODEL, "prompt": prompt, **fields}
 
 
-async def post_json(client: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    resp = await client.post(path, json=body)
-    assert resp.status == 200, await resp.text()
-    return await resp.json()
-
-
 async def post_error(client: Any, path: str, body: dict[str, Any], status: int = 400) -> dict[str, Any]:
     resp = await client.post(path, json=body)
     assert resp.status == status, await resp.text()
     error = await resp.json()
     assert set(error) == {"error"} and set(error["error"]) == {"message", "type", "param", "code"}
     return error["error"]
-
-
-def is_descending(values: list[float]) -> bool:
-    return all(a >= b for a, b in itertools.pairwise(values))
 
 
 def escaped(data: bytes) -> str:

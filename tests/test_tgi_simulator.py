@@ -5,7 +5,6 @@ Each test targets one quirk and is written so that a simulator without it would 
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -13,49 +12,23 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.logprobs.demo_vocab import build_demo_vocab
 from gateway.logprobs.vocab import Vocab
 from gateway.simulator.floats import f32_shortest
 from gateway.simulator.script import DEFAULT_REPLY
-from gateway.simulator.testing import parse_sse, read_sse, shared_bpe_vocab
+from gateway.simulator.testing import is_descending, parse_sse, post_json, read_sse
 from gateway.simulator.tgi import SIMULATOR_KEY, create_app
 
 MODEL = "sim/tgi-model"
+QWEN2_MODEL = "Qwen/Qwen2-0.5B-Instruct"
 CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "captures"
 
 
-@pytest.fixture(scope="module")
-def demo_vocab() -> Vocab:
-    return build_demo_vocab()
-
-
-@pytest.fixture(scope="module")
-def qwen2_vocab(shared_dir: Path) -> Vocab:
-    return shared_bpe_vocab(shared_dir / "qwen2" / "vocab.json", shared_dir / "qwen2" / "merges.txt")
-
-
-@pytest.fixture
-async def client(aiohttp_client: Any, demo_vocab: Vocab) -> Any:
-    return await aiohttp_client(create_app(demo_vocab, MODEL))
-
-
-@pytest.fixture
-async def qwen_client(aiohttp_client: Any, qwen2_vocab: Vocab) -> Any:
-    return await aiohttp_client(create_app(qwen2_vocab, "Qwen/Qwen2-0.5B-Instruct"))
-
-
 async def generate(client: Any, inputs: str = "hello", **parameters: Any) -> dict[str, Any]:
-    resp = await client.post("/generate", json={"inputs": inputs, "parameters": parameters})
-    assert resp.status == 200, await resp.text()
-    return await resp.json()
+    return await post_json(client, "/generate", {"inputs": inputs, "parameters": parameters})
 
 
 def chat(text: str = "hello", **fields: Any) -> dict[str, Any]:
     return {"model": "tgi", "messages": [{"role": "user", "content": text}], **fields}
-
-
-def is_descending(values: list[float]) -> bool:
-    return all(a >= b for a, b in itertools.pairwise(values))
 
 
 # --- native /generate ----------------------------------------------------------------------------

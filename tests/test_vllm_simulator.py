@@ -6,18 +6,15 @@ Each test targets one quirk and is written so that a simulator without it would 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import re
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 
-from gateway.logprobs.demo_vocab import build_demo_vocab
 from gateway.logprobs.vocab import Vocab, load_directory
 from gateway.simulator.script import DEFAULT_REPLY
+from gateway.simulator.testing import is_descending, post_json, read_sse
 from gateway.simulator.vllm import SIMULATOR_KEY, create_app
 
 MODEL = "sim/demo-model"
@@ -25,54 +22,12 @@ PLACEHOLDER = re.compile(r"^token_id:(\d+)$")
 REPLACEMENT = "\ufffd"
 
 
-@pytest.fixture(scope="module")
-def demo_vocab() -> Vocab:
-    return build_demo_vocab()
-
-
-@pytest.fixture
-def make_client(aiohttp_client: Any, demo_vocab: Vocab) -> Callable[..., Any]:
-    async def make(vocab: Vocab | None = None, **options: Any) -> Any:
-        return await aiohttp_client(create_app(vocab or demo_vocab, MODEL, **options))
-
-    return make
-
-
-@pytest.fixture
-async def client(make_client: Callable[..., Any]) -> Any:
-    return await make_client()
-
-
 def chat_body(text: str = "hello", **fields: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": text}], **fields}
 
 
-async def post_json(client: Any, path: str, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
-    resp = await client.post(path, json=body, **kw)
-    assert resp.status == 200, await resp.text()
-    return await resp.json()
-
-
-async def read_sse(resp: aiohttp.ClientResponse) -> list[Any]:
-    """Every `data:` payload in order: parsed JSON, or the literal "[DONE]"."""
-    assert resp.status == 200, await resp.text()
-    assert resp.headers["Content-Type"].startswith("text/event-stream")
-    raw = await resp.text()
-    assert raw.endswith("\n\n")
-    events: list[Any] = []
-    for frame in raw.split("\n\n")[:-1]:
-        assert frame.startswith("data: "), frame
-        payload = frame[len("data: ") :]
-        events.append(payload if payload == "[DONE]" else orjson.loads(payload))
-    return events
-
-
 def decoded(vocab: Vocab, token_id: int) -> str:
     return "" if vocab.is_special(token_id) else vocab.token_bytes(token_id).decode("utf-8", errors="replace")
-
-
-def is_descending(values: list[float]) -> bool:
-    return all(a >= b for a, b in itertools.pairwise(values))
 
 
 # --- chat logprobs ----------------------------------------------------------------------------

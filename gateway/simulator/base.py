@@ -1,9 +1,10 @@
 """The shell every simulator shares: request accounting, fault injection, engine steps, SSE writing, the CLI.
 
-A dialect module (vllm.py, tgi.py, sglang.py, llamacpp.py) supplies only what differs between servers:
-how a request is read and validated, what the bodies and chunks look like, and how errors are spelled.
-Everything a test harness relies on is the same everywhere: `x-sim-fault` hooks (faults.py),
-GET /sim/stats, GET /sim/requests, POST /sim/reset, and a `create_app(vocab, model, ...)` factory.
+A dialect module (vllm.py, tgi.py, sglang.py, llamacpp.py, openai.py) supplies only what differs between
+servers: how a request is read and validated, what the bodies and chunks look like, how errors are spelled,
+and a `Dialect` that declares its settings, routes and command-line flags. Everything a test harness relies
+on is the same everywhere: `x-sim-fault` hooks (faults.py), GET /sim/stats, GET /sim/requests,
+POST /sim/reset, a `create_app(vocab, model, ...)` factory and `python -m gateway.simulator.<name>`.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import asyncio
 import hashlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypedDict, TypeVar
 
 import orjson
 from aiohttp import web
@@ -50,6 +51,45 @@ class BadBody(Exception):
         self.kind = kind
         self.detail = detail
         self.hook = hook
+
+
+class Refusal(Exception):
+    """A request the simulated server refuses: the `message` it writes and the HTTP `status`.
+
+    Each dialect subclasses it with what its error body adds, and writes the body in its own shape.
+    """
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class OpenAIError(Refusal):
+    """A refusal in OpenAI's error shape, `{"error": {"message", "type", "param", "code"}}`.
+
+    OpenAI writes a rule name (or null) as `code`; vLLM copies the shape with the HTTP status there.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        param: str | None = None,
+        code: str | int | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message, status)
+        self.param = param
+        self.code = code
+        self.kind = kind
+
+    def body(self) -> JSON:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+    def response(self) -> web.Response:
+        return SimulatorBase.json_response(self.body(), self.status)
 
 
 class Rejected(Exception):
@@ -142,6 +182,11 @@ class SimulatorBase:
         self._encoded: dict[str, list[int]] = {}
 
     # --- dialect hooks ----------------------------------------------------------------------
+
+    async def admit(self, request: web.Request, endpoint: str) -> Admitted:
+        """Read and validate a request to one of the dialect's generation endpoints (the `endpoint` its
+        `Route` names: "chat", "completions", "generate", ...); raise Rejected with the server's answer."""
+        raise NotImplementedError
 
     def fault_response(self, status: int, message: str) -> web.Response:
         """The server's error answer for an injected `httpNNN` fault."""
@@ -254,16 +299,14 @@ class SimulatorBase:
 
     # --- the request life cycle ----------------------------------------------------------------
 
-    async def serve(
-        self, request: web.Request, admit: Callable[[web.Request], Awaitable[Admitted]]
-    ) -> web.StreamResponse:
+    async def serve(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         """Run one request: admission, injected faults, the answer, and its outcome in /sim/stats."""
         self.stats.start()
         outcome = "cancelled"  # unless something below says otherwise
         response: web.StreamResponse | None = None
         try:
             try:
-                admitted = await admit(request)
+                admitted = await self.admit(request, endpoint)
             except Rejected as exc:
                 outcome = "rejected"
                 return exc.response
@@ -329,6 +372,18 @@ class SimulatorBase:
         app.router.add_get("/sim/requests", self.sim_requests)
         app.router.add_post("/sim/reset", self.sim_reset)
 
+    def handler(self, route: Route) -> Handler:
+        """The aiohttp handler of one of the dialect's routes."""
+        if route.handler is not None:
+            return getattr(self, route.handler)
+        endpoint = route.endpoint
+        assert endpoint is not None
+
+        async def generation(request: web.Request) -> web.StreamResponse:
+            return await self.serve(request, endpoint)
+
+        return generation
+
 
 # --- request fields -------------------------------------------------------------------------------
 
@@ -340,6 +395,122 @@ def flag(body: Mapping[str, Any], name: str, default: bool = False) -> bool:
 
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+# --- a dialect, declared once -----------------------------------------------------------------------
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Sim = TypeVar("Sim", bound=SimulatorBase)
+
+
+class CommonOptions(TypedDict, total=False):
+    """The `create_app` keyword options every simulator takes (the CommonSettings; `replies` None = {})."""
+
+    replies: Mapping[str, str] | None
+    default_reply: str
+    seed: int
+    tokens_per_step: TokensPerStep
+    step_delay_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One HTTP route of a simulated server.
+
+    A generation route names the `endpoint` its requests are admitted as (`SimulatorBase.admit`, run
+    by `serve`); any other route names the simulator method that answers it (`handler`).
+    """
+
+    method: str
+    path: str
+    endpoint: str | None = None
+    handler: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.endpoint is None) == (self.handler is None):
+            raise ValueError(f"route {self.method} {self.path}: give an endpoint or a handler")
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """A dialect's own command-line option and the `create_app` option (settings field) it sets.
+
+    Its type and default are the settings field's: an int takes a value; a bool is a switch that
+    flips the field's default (`--return-tokens-as-token-ids` on, `--fixed-stream-top-logprobs` off).
+    """
+
+    name: str  # "--ctx-size"
+    option: str  # "n_ctx"
+    help: str | None = None
+
+    def add_to(self, parser: argparse.ArgumentParser, default: Any) -> None:
+        if isinstance(default, bool):
+            parser.add_argument(self.name, action="store_true", help=self.help)
+        else:
+            parser.add_argument(self.name, type=type(default), default=default, help=self.help)
+
+    def value(self, args: argparse.Namespace, default: Any) -> Any:
+        given = getattr(args, self.name.removeprefix("--").replace("-", "_"))
+        if isinstance(default, bool):
+            return not default if given else default
+        return given
+
+
+@dataclass(frozen=True)
+class Dialect(Generic[Sim]):
+    """What makes one simulator module: its simulator and settings classes, its routes and its flags.
+
+    `app` is the module's `create_app`, `main` its `python -m gateway.simulator.<module>`, and `key`
+    the module's `SIMULATOR_KEY` (`app[key]` is the simulator: stats, settings).
+    """
+
+    module: str  # "tgi": the module under gateway/simulator/, and the app key's name
+    title: str  # "TGI": the server's name in the command line's description and banner
+    port: int  # the command line's default port (the real server's)
+    simulator: type[Sim]
+    settings: type[CommonSettings]
+    routes: tuple[Route, ...]
+    flags: tuple[Flag, ...] = ()
+    key: web.AppKey[Sim] = field(init=False)
+
+    def __post_init__(self) -> None:
+        # aiohttp prefixes a key's name with the module whose top level is running: the dialect module
+        # declaring this, so the key reads `gateway.simulator.<module>.<module>_simulator` as it always has.
+        object.__setattr__(self, "key", web.AppKey(f"{self.module}_simulator", self.simulator))
+
+    def app(self, vocab: Vocab, model: str, common: Mapping[str, Any], **options: Any) -> web.Application:
+        """The aiohttp app: the simulator of `model` with the shared options `common` and the dialect's
+        `options` as its settings, the dialect's routes and the /sim/* routes."""
+        for name in common:
+            if name not in CommonOptions.__optional_keys__:
+                raise TypeError(f"create_app() got an unexpected keyword argument {name!r}")
+        replies = dict(common.get("replies") or {})
+        sim = self.simulator(vocab, model, self.settings(**{**common, "replies": replies}, **options))
+        app = web.Application()
+        app[self.key] = sim
+        for route in self.routes:
+            app.router.add_route(route.method, route.path, sim.handler(route))
+        sim.add_sim_routes(app)
+        return app
+
+    def main(self, argv: Sequence[str] | None = None) -> None:
+        """`python -m gateway.simulator.<module>`: the shared options plus the dialect's flags, then serve."""
+        description = f"{self.title} wire-format simulator: scripted text, synthetic logprobs, no model."
+        parser = argument_parser(f"python -m gateway.simulator.{self.module}", description, self.port)
+        defaults = {setting.name: setting.default for setting in fields(self.settings)}
+        for option in self.flags:
+            option.add_to(parser, defaults[option.option])
+        args = parser.parse_args(argv)
+        vocab = cli_vocab(args)
+        options = {option.option: option.value(args, defaults[option.option]) for option in self.flags}
+        app = self.app(vocab, args.model, cli_common(args), **options)
+        print(
+            f"{self.title} simulator (no model: scripted text, synthetic logprobs) serving {args.model!r} "
+            f"with vocabulary {vocab.name!r} on http://{args.host}:{args.port}",
+            flush=True,
+        )
+        # handler_cancellation: like the real servers, stop generating when the client disconnects.
+        web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, print=None)
 
 
 # --- command line -----------------------------------------------------------------------------------
@@ -384,7 +555,7 @@ def cli_vocab(args: argparse.Namespace) -> Vocab:
     return load_tokenizer_json(args.tokenizer_json)
 
 
-def cli_common(args: argparse.Namespace) -> dict[str, Any]:
+def cli_common(args: argparse.Namespace) -> CommonOptions:
     """`create_app` keyword arguments from the shared options."""
     replies = json.loads(args.replies.read_text(encoding="utf-8")) if args.replies else None
     return {
@@ -393,58 +564,4 @@ def cli_common(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "tokens_per_step": args.tokens_per_step,
         "step_delay_ms": args.step_delay_ms,
-    }
-
-
-def run_cli(
-    argv: Sequence[str] | None,
-    module: str,
-    what: str,
-    port: int,
-    add_options: Callable[[argparse.ArgumentParser], None],
-    make_app: Callable[[Vocab, argparse.Namespace, dict[str, Any]], web.Application],
-) -> None:
-    """`python -m gateway.simulator.<module>`: the shared options plus the dialect's, then serve."""
-    description = f"{what} wire-format simulator: scripted text, synthetic logprobs, no model."
-    parser = argument_parser(f"python -m gateway.simulator.{module}", description, port)
-    add_options(parser)
-    args = parser.parse_args(argv)
-    vocab = cli_vocab(args)
-    app = make_app(vocab, args, cli_common(args))
-    print(
-        f"{what} simulator (no model: scripted text, synthetic logprobs) serving {args.model!r} "
-        f"with vocabulary {vocab.name!r} on http://{args.host}:{args.port}",
-        flush=True,
-    )
-    # handler_cancellation: like the real servers, stop generating when the client disconnects.
-    web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, print=None)
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def build_app(sim: SimulatorBase, key: web.AppKey[Any], routes: Sequence[tuple[str, str, Handler]]) -> web.Application:
-    """The aiohttp app of a simulator: its routes, the /sim/* routes, and `app[key]` = the simulator."""
-    app = web.Application()
-    app[key] = sim
-    for method, path, handler in routes:
-        app.router.add_route(method, path, handler)
-    sim.add_sim_routes(app)
-    return app
-
-
-def common_settings(
-    replies: Mapping[str, str] | None,
-    default_reply: str,
-    seed: int,
-    tokens_per_step: TokensPerStep,
-    step_delay_ms: float,
-) -> dict[str, Any]:
-    """The CommonSettings fields from `create_app`'s shared keyword arguments."""
-    return {
-        "replies": dict(replies or {}),
-        "default_reply": default_reply,
-        "seed": seed,
-        "tokens_per_step": tokens_per_step,
-        "step_delay_ms": step_delay_ms,
     }

@@ -34,14 +34,13 @@ are not simulated (timings are zeros).
 
 from __future__ import annotations
 
-import argparse
 import math
 import random
 import string
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import orjson
 from aiohttp import web
@@ -51,19 +50,20 @@ from gateway.simulator.base import (
     JSON,
     Admitted,
     BadBody,
+    CommonOptions,
     CommonSettings,
+    Dialect,
+    Flag,
+    Refusal,
     Rejected,
+    Route,
     SimulatorBase,
     SSEWriter,
-    build_app,
-    common_settings,
     flag,
     is_int,
-    run_cli,
 )
 from gateway.simulator.faults import FaultPlan
 from gateway.simulator.floats import FLOAT32_LOWEST, f32
-from gateway.simulator.script import DEFAULT_REPLY, TokensPerStep
 from gateway.simulator.synthetic import Position, nucleus
 
 DEFAULT_TOP_LOGPROBS = 20  # chat: `logprobs: true` alone means n_probs = 20
@@ -100,13 +100,11 @@ def token_text(data: bytes) -> str:
     return data[: validate_utf8(data)].decode("utf-8", errors="replace")
 
 
-class LlamaError(Exception):
+class LlamaError(Refusal):
     """A request llama-server refuses: `{"error": {"code", "message", "type", ...}}`."""
 
     def __init__(self, message: str, status: int = 400, kind: str | None = None, **extra: Any) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
+        super().__init__(message, status)
         self.kind = kind or _ERROR_TYPES.get(status, "server_error")
         self.extra = extra
 
@@ -263,7 +261,7 @@ class LlamaCppSimulator(SimulatorBase):
             return_tokens=flag(body, "return_tokens"),
         )
 
-    async def _admit(self, request: web.Request, route: str) -> Admitted:
+    async def admit(self, request: web.Request, route: str) -> Admitted:
         try:
             body, plan = await self._read(request)
             req = self._parse(body, route)
@@ -515,15 +513,6 @@ class LlamaCppSimulator(SimulatorBase):
 
     # --- routes -------------------------------------------------------------------------------
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.serve(request, lambda r: self._admit(r, "chat"))
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.serve(request, lambda r: self._admit(r, "completions"))
-
-    async def completion(self, request: web.Request) -> web.StreamResponse:
-        return await self.serve(request, lambda r: self._admit(r, "completion"))
-
     async def health(self, request: web.Request) -> web.Response:
         return self.json_response({"status": "ok"})
 
@@ -532,52 +521,39 @@ class LlamaCppSimulator(SimulatorBase):
         return self.json_response({"object": "list", "data": [card]})
 
 
-SIMULATOR_KEY = web.AppKey("llamacpp_simulator", LlamaCppSimulator)
+LLAMACPP = Dialect(
+    module="llamacpp",
+    title="llama.cpp",
+    port=8080,
+    simulator=LlamaCppSimulator,
+    settings=LlamaCppSettings,
+    routes=(
+        Route("POST", "/v1/chat/completions", endpoint="chat"),
+        Route("POST", "/chat/completions", endpoint="chat"),
+        Route("POST", "/v1/completions", endpoint="completions"),
+        Route("POST", "/completions", endpoint="completions"),
+        Route("POST", "/completion", endpoint="completion"),
+        Route("GET", "/health", handler="health"),
+        Route("GET", "/v1/models", handler="models"),
+    ),
+    flags=(Flag("--ctx-size", "n_ctx"),),
+)
+SIMULATOR_KEY = LLAMACPP.key
 
 
-def create_app(
-    vocab: Vocab,
-    model: str,
-    *,
-    replies: Mapping[str, str] | None = None,
-    default_reply: str = DEFAULT_REPLY,
-    seed: int = 0,
-    tokens_per_step: TokensPerStep = 1,
-    step_delay_ms: float = 0.0,
-    n_ctx: int = 4096,
-) -> web.Application:
+def create_app(vocab: Vocab, model: str, *, n_ctx: int = 4096, **common: Unpack[CommonOptions]) -> web.Application:
     """An aiohttp app that answers like `llama-server -m <model>.gguf` (see the module docstring).
 
     replies: exact last user message / prompt -> reply text. tokens_per_step: tokens per engine
     step after the first (llama-server still sends one result per token; a step's results follow
     each other without delay). step_delay_ms: wait before each step. n_ctx: the context size.
-    The simulator object (stats, settings) is at `app[SIMULATOR_KEY]`.
+    The options every simulator takes (replies, default_reply, seed, tokens_per_step, step_delay_ms)
+    are `base.CommonOptions`. The simulator object (stats, settings) is at `app[SIMULATOR_KEY]`.
     """
-    settings = LlamaCppSettings(
-        **common_settings(replies, default_reply, seed, tokens_per_step, step_delay_ms), n_ctx=n_ctx
-    )
-    sim = LlamaCppSimulator(vocab, model, settings)
-    routes = [
-        ("POST", "/v1/chat/completions", sim.chat_completions),
-        ("POST", "/chat/completions", sim.chat_completions),
-        ("POST", "/v1/completions", sim.completions),
-        ("POST", "/completions", sim.completions),
-        ("POST", "/completion", sim.completion),
-        ("GET", "/health", sim.health),
-        ("GET", "/v1/models", sim.models),
-    ]
-    return build_app(sim, SIMULATOR_KEY, routes)
+    return LLAMACPP.app(vocab, model, common, n_ctx=n_ctx)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    def options(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--ctx-size", type=int, default=4096)
-
-    def make(vocab: Vocab, args: argparse.Namespace, common: dict[str, Any]) -> web.Application:
-        return create_app(vocab, args.model, **common, n_ctx=args.ctx_size)
-
-    run_cli(argv, "llamacpp", "llama.cpp", 8080, options, make)
-
+main = LLAMACPP.main
 
 if __name__ == "__main__":
     main()

@@ -68,7 +68,6 @@ tools, refusals (`refusal` is always null), unknown-parameter errors.
 
 from __future__ import annotations
 
-import argparse
 import codecs
 import hashlib
 import random
@@ -76,7 +75,7 @@ import string
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 import orjson
 from aiohttp import web
@@ -87,18 +86,18 @@ from gateway.simulator.base import (
     JSON,
     Admitted,
     BadBody,
+    CommonOptions,
     CommonSettings,
+    Dialect,
+    OpenAIError,
     Rejected,
+    Route,
     SimulatorBase,
     SSEWriter,
-    build_app,
-    common_settings,
     is_int,
-    run_cli,
 )
 from gateway.simulator.faults import FaultPlan
 from gateway.simulator.floats import f32_shortest
-from gateway.simulator.script import DEFAULT_REPLY, TokensPerStep
 from gateway.simulator.synthetic import Position
 
 CHAT_MAX_TOP_LOGPROBS = 20
@@ -108,7 +107,7 @@ CHAT_DEFAULT_BUDGET = 16384  # chat has no default limit: the scripted reply alw
 SERVICE_TIER = "default"
 DEFAULT_PORT = 8100
 
-Route = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions"]
 
 _ID_ALPHABET = string.ascii_letters + string.digits
 _JSON_PARSE_MESSAGE = (
@@ -155,29 +154,6 @@ def _json_type(value: Any) -> str:
 
 
 # --- errors -------------------------------------------------------------------------------------------
-
-
-class OpenAIError(Exception):
-    """A request the simulated API refuses: `{"error": {"message", "type", "param", "code"}}`."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int = 400,
-        param: str | None = None,
-        code: str | None = None,
-        kind: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.param = param
-        self.code = code
-        self.kind = kind
-
-    def body(self) -> JSON:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 def _invalid_type(name: str, expected: str, value: Any) -> OpenAIError:
@@ -233,7 +209,7 @@ class OpenAISettings(CommonSettings):
 
 @dataclass(frozen=True, slots=True)
 class _Request:
-    route: Route
+    route: Endpoint
     model: str
     stream: bool
     prompt_ids: list[int]
@@ -291,10 +267,6 @@ class OpenAISimulator(SimulatorBase):
 
     # --- errors ------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _error(exc: OpenAIError) -> web.Response:
-        return web.Response(body=orjson.dumps(exc.body()), status=exc.status, content_type="application/json")
-
     def fault_response(self, status: int, message: str) -> web.Response:
         kind, code = "invalid_request_error", None
         if status == 401:
@@ -303,13 +275,12 @@ class OpenAISimulator(SimulatorBase):
             kind, code = "requests", "rate_limit_exceeded"
         elif status >= 500:
             kind = "server_error"
-        return self._error(OpenAIError(message, status=status, kind=kind, code=code))
+        return OpenAIError(message, status=status, kind=kind, code=code).response()
 
     @staticmethod
     def _stream_error() -> bytes:
-        message = "simulated failure (x-sim-fault: error_mid_stream)"
-        body = {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
-        return b"data: " + orjson.dumps(body) + b"\n\n"
+        error = OpenAIError("simulated failure (x-sim-fault: error_mid_stream)", kind="server_error")
+        return b"data: " + orjson.dumps(error.body()) + b"\n\n"
 
     # --- request parsing ---------------------------------------------------------------------------
 
@@ -445,12 +416,12 @@ class OpenAISimulator(SimulatorBase):
             include_obfuscation=False,
         )
 
-    async def _admit(self, request: web.Request, route: Route) -> Admitted:
+    async def admit(self, request: web.Request, route: str) -> Admitted:
         try:
             body, plan = await self._read(request)
             req = self._parse_chat(body) if route == "chat" else self._parse_completions(body)
         except OpenAIError as exc:
-            raise Rejected(self._error(exc)) from None
+            raise Rejected(exc.response()) from None
         gen = self._generate(req, plan)
         if route == "chat":
             respond, produce = self._respond_chat, self._stream_chat
@@ -689,12 +660,6 @@ class OpenAISimulator(SimulatorBase):
 
     # --- routes ------------------------------------------------------------------------------------
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.serve(request, lambda r: self._admit(r, "chat"))
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.serve(request, lambda r: self._admit(r, "completions"))
-
     async def models(self, request: web.Request) -> web.Response:
         card = {"id": self.model, "object": "model", "created": 0, "owned_by": "system"}
         return self.json_response({"object": "list", "data": [card]})
@@ -703,46 +668,36 @@ class OpenAISimulator(SimulatorBase):
         return self.json_response({"status": "ok"})
 
 
-SIMULATOR_KEY = web.AppKey("openai_simulator", OpenAISimulator)
+OPENAI = Dialect(
+    module="openai",
+    title="OpenAI",
+    port=DEFAULT_PORT,
+    simulator=OpenAISimulator,
+    settings=OpenAISettings,
+    routes=(
+        Route("POST", "/v1/chat/completions", endpoint="chat"),
+        Route("POST", "/v1/completions", endpoint="completions"),
+        Route("GET", "/v1/models", handler="models"),
+        Route("GET", "/health", handler="health"),
+    ),
+)
+SIMULATOR_KEY = OPENAI.key
 
 
-def create_app(
-    vocab: Vocab,
-    model: str,
-    *,
-    replies: Mapping[str, str] | None = None,
-    default_reply: str = DEFAULT_REPLY,
-    seed: int = 0,
-    tokens_per_step: TokensPerStep = 1,
-    step_delay_ms: float = 0.0,
-) -> web.Application:
+def create_app(vocab: Vocab, model: str, **common: Unpack[CommonOptions]) -> web.Application:
     """An aiohttp app that answers in OpenAI's conventions for `model` (see the module docstring).
 
     No model runs: replies are scripted, logprobs synthetic. replies: exact last user message /
     prompt -> reply text. tokens_per_step: tokens per engine step after the first (one chunk per
     token still; a step's chunks follow each other without delay). step_delay_ms: wait before
-    each step. The simulator object (stats, settings) is at `app[SIMULATOR_KEY]`.
+    each step. The options every simulator takes (replies, default_reply, seed, tokens_per_step,
+    step_delay_ms) are `base.CommonOptions`. The simulator object (stats, settings) is at
+    `app[SIMULATOR_KEY]`.
     """
-    settings = OpenAISettings(**common_settings(replies, default_reply, seed, tokens_per_step, step_delay_ms))
-    sim = OpenAISimulator(vocab, model, settings)
-    routes = [
-        ("POST", "/v1/chat/completions", sim.chat_completions),
-        ("POST", "/v1/completions", sim.completions),
-        ("GET", "/v1/models", sim.models),
-        ("GET", "/health", sim.health),
-    ]
-    return build_app(sim, SIMULATOR_KEY, routes)
+    return OPENAI.app(vocab, model, common)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    def options(parser: argparse.ArgumentParser) -> None:
-        return None
-
-    def make(vocab: Vocab, args: argparse.Namespace, common: dict[str, Any]) -> web.Application:
-        return create_app(vocab, args.model, **common)
-
-    run_cli(argv, "openai", "OpenAI", DEFAULT_PORT, options, make)
-
+main = OPENAI.main
 
 if __name__ == "__main__":
     main()

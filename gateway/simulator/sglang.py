@@ -34,12 +34,11 @@ parsers are not simulated.
 
 from __future__ import annotations
 
-import argparse
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import orjson
 from aiohttp import web
@@ -49,32 +48,28 @@ from gateway.simulator.base import (
     JSON,
     Admitted,
     BadBody,
+    CommonOptions,
     CommonSettings,
+    Dialect,
+    Flag,
+    Refusal,
     Rejected,
+    Route,
     SimulatorBase,
     SSEWriter,
-    build_app,
-    common_settings,
     flag,
     is_int,
-    run_cli,
 )
 from gateway.simulator.detok import IncrementalDetokenizer, TokenStrings
 from gateway.simulator.faults import FaultPlan
 from gateway.simulator.floats import FLOAT32_LOWEST, f32
-from gateway.simulator.script import DEFAULT_REPLY, TokensPerStep
 from gateway.simulator.synthetic import Position, nucleus
 
 Triple = list[Any]  # [logprob, token id, text | None], as SGLang's (logprob, id, text) tuples serialize
 
 
-class SGLangError(Exception):
+class SGLangError(Refusal):
     """A request SGLang refuses (rendered in the route's error shape)."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +256,7 @@ class SGLangSimulator(SimulatorBase):
             echo=False,
         )
 
-    async def _admit(self, request: web.Request, route: str) -> Admitted:
+    async def admit(self, request: web.Request, route: str) -> Admitted:
         try:
             body, plan = await self._read(request)
             req = self._parse_generate(body) if route == "generate" else self._parse_openai(body, route)
@@ -525,15 +520,6 @@ class SGLangSimulator(SimulatorBase):
 
     # --- routes -------------------------------------------------------------------------------
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.serve(request, lambda r: self._admit(r, "chat"))
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.serve(request, lambda r: self._admit(r, "completions"))
-
-    async def generate_route(self, request: web.Request) -> web.StreamResponse:
-        return await self.serve(request, lambda r: self._admit(r, "generate"))
-
     async def models(self, request: web.Request) -> web.Response:
         card = {
             "id": self.model,
@@ -552,20 +538,35 @@ class SGLangSimulator(SimulatorBase):
         return web.Response(status=200)
 
 
-SIMULATOR_KEY = web.AppKey("sglang_simulator", SGLangSimulator)
+SGLANG = Dialect(
+    module="sglang",
+    title="SGLang",
+    port=30000,
+    simulator=SGLangSimulator,
+    settings=SGLangSettings,
+    routes=(
+        Route("POST", "/v1/chat/completions", endpoint="chat"),
+        Route("POST", "/v1/completions", endpoint="completions"),
+        Route("POST", "/generate", endpoint="generate"),
+        Route("GET", "/v1/models", handler="models"),
+        Route("GET", "/get_model_info", handler="model_info"),
+        Route("GET", "/health", handler="health"),
+    ),
+    flags=(
+        Flag("--context-length", "context_length"),
+        Flag("--fixed-stream-top-logprobs", "stream_top_logprobs_bug", help="without sglang#39260"),
+    ),
+)
+SIMULATOR_KEY = SGLANG.key
 
 
 def create_app(
     vocab: Vocab,
     model: str,
     *,
-    replies: Mapping[str, str] | None = None,
-    default_reply: str = DEFAULT_REPLY,
-    seed: int = 0,
-    tokens_per_step: TokensPerStep = 1,
-    step_delay_ms: float = 0.0,
     context_length: int = 4096,
     stream_top_logprobs_bug: bool = True,
+    **common: Unpack[CommonOptions],
 ) -> web.Application:
     """An aiohttp app that answers like `python -m sglang.launch_server --model-path <model>`.
 
@@ -573,41 +574,15 @@ def create_app(
     streamed step after the first (SGLang's `--stream-interval`; "vary" for 1-3). step_delay_ms:
     wait before each step. context_length: `--context-length`. stream_top_logprobs_bug: reproduce
     sglang#39260 (every token of a multi-token stream chunk gets the first token's top list).
-    The simulator object (stats, settings) is at `app[SIMULATOR_KEY]`.
+    The options every simulator takes (replies, default_reply, seed, tokens_per_step, step_delay_ms)
+    are `base.CommonOptions`. The simulator object (stats, settings) is at `app[SIMULATOR_KEY]`.
     """
-    settings = SGLangSettings(
-        **common_settings(replies, default_reply, seed, tokens_per_step, step_delay_ms),
-        context_length=context_length,
-        stream_top_logprobs_bug=stream_top_logprobs_bug,
+    return SGLANG.app(
+        vocab, model, common, context_length=context_length, stream_top_logprobs_bug=stream_top_logprobs_bug
     )
-    sim = SGLangSimulator(vocab, model, settings)
-    routes = [
-        ("POST", "/v1/chat/completions", sim.chat_completions),
-        ("POST", "/v1/completions", sim.completions),
-        ("POST", "/generate", sim.generate_route),
-        ("GET", "/v1/models", sim.models),
-        ("GET", "/get_model_info", sim.model_info),
-        ("GET", "/health", sim.health),
-    ]
-    return build_app(sim, SIMULATOR_KEY, routes)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    def options(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--context-length", type=int, default=4096)
-        parser.add_argument("--fixed-stream-top-logprobs", action="store_true", help="without sglang#39260")
-
-    def make(vocab: Vocab, args: argparse.Namespace, common: dict[str, Any]) -> web.Application:
-        return create_app(
-            vocab,
-            args.model,
-            **common,
-            context_length=args.context_length,
-            stream_top_logprobs_bug=not args.fixed_stream_top_logprobs,
-        )
-
-    run_cli(argv, "sglang", "SGLang", 30000, options, make)
-
+main = SGLANG.main
 
 if __name__ == "__main__":
     main()

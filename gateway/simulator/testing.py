@@ -1,8 +1,9 @@
-"""Helpers for tests that talk to a simulator: strict SSE reading, a once-per-process real tokenizer."""
+"""Helpers for tests that talk to a simulator: strict SSE and JSON reading, a once-per-process real tokenizer."""
 
 from __future__ import annotations
 
 import functools
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,17 @@ async def read_sse(resp: ClientResponse) -> list[Any]:
     frames = parse_sse(await resp.text())
     assert all(name == "data" for name, _ in frames), frames
     return [payload for _, payload in frames]
+
+
+async def post_json(client: Any, path: str, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    """POST `body` with a test client; the 200 answer's JSON (`kw`: more request options, e.g. headers)."""
+    resp = await client.post(path, json=body, **kw)
+    assert resp.status == 200, await resp.text()
+    return await resp.json()
+
+
+def is_descending(values: list[float]) -> bool:
+    return all(a >= b for a, b in itertools.pairwise(values))
 
 
 @functools.cache

@@ -31,12 +31,11 @@ POST /sim/reset. Deviations: `stop` sequences, `best_of`, grammars and tools are
 
 from __future__ import annotations
 
-import argparse
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import orjson
 from aiohttp import web
@@ -46,33 +45,32 @@ from gateway.simulator.base import (
     JSON,
     Admitted,
     BadBody,
+    CommonOptions,
     CommonSettings,
+    Dialect,
+    Flag,
+    Refusal,
     Rejected,
+    Route,
     SimulatorBase,
     SSEWriter,
-    build_app,
-    common_settings,
     flag,
     is_int,
-    run_cli,
 )
 from gateway.simulator.detok import OffsetDecoder, TokenStrings, decode_ids
 from gateway.simulator.faults import FaultPlan
 from gateway.simulator.floats import f32_shortest
-from gateway.simulator.script import DEFAULT_REPLY, TokensPerStep
 from gateway.simulator.synthetic import Position, Ranking, nucleus
 
 DEFAULT_MAX_NEW_TOKENS = 100  # GenerateParameters and ChatRequest default
 DESERIALIZE = "Failed to deserialize the JSON body into the target type: "  # axum's Json rejection (422)
 
 
-class TGIError(Exception):
+class TGIError(Refusal):
     """A request TGI refuses: `{"error": message, "error_type": ...}` with `status`."""
 
     def __init__(self, message: str, status: int = 422, error_type: str = "validation") -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
+        super().__init__(message, status)
         self.error_type = error_type
 
 
@@ -80,13 +78,8 @@ def _invalid(detail: str) -> TGIError:
     return TGIError(f"Input validation error: {detail}")
 
 
-class _BodyError(Exception):
+class _BodyError(Refusal):
     """A body axum's Json extractor refuses before TGI sees it (plain-text answer)."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -516,17 +509,10 @@ class TGISimulator(SimulatorBase):
 
     # --- routes -------------------------------------------------------------------------------
 
-    async def generate_route(self, request: web.Request) -> web.StreamResponse:
-        return await self.serve(request, lambda r: self._admit_native(r, stream=False))
-
-    async def generate_stream_route(self, request: web.Request) -> web.StreamResponse:
-        return await self.serve(request, lambda r: self._admit_native(r, stream=True))
-
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.serve(request, lambda r: self._admit_openai(r, "chat"))
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.serve(request, lambda r: self._admit_openai(r, "completions"))
+    async def admit(self, request: web.Request, endpoint: str) -> Admitted:
+        if endpoint in ("generate", "generate_stream"):
+            return await self._admit_native(request, stream=endpoint == "generate_stream")
+        return await self._admit_openai(request, endpoint)
 
     async def info(self, request: web.Request) -> web.Response:
         cfg = self.settings
@@ -578,20 +564,33 @@ def _integer(raw: Mapping[str, Any], name: str) -> int | None:
     return int(value)
 
 
-SIMULATOR_KEY = web.AppKey("tgi_simulator", TGISimulator)
+TGI = Dialect(
+    module="tgi",
+    title="TGI",
+    port=8080,
+    simulator=TGISimulator,
+    settings=TGISettings,
+    routes=(
+        Route("POST", "/generate", endpoint="generate"),
+        Route("POST", "/generate_stream", endpoint="generate_stream"),
+        Route("POST", "/v1/chat/completions", endpoint="chat"),
+        Route("POST", "/v1/completions", endpoint="completions"),
+        Route("GET", "/info", handler="info"),
+        Route("GET", "/health", handler="health"),
+        Route("GET", "/v1/models", handler="models"),
+    ),
+    flags=(Flag("--max-top-n-tokens", "max_top_n_tokens"), Flag("--max-total-tokens", "max_total_tokens")),
+)
+SIMULATOR_KEY = TGI.key
 
 
 def create_app(
     vocab: Vocab,
     model: str,
     *,
-    replies: Mapping[str, str] | None = None,
-    default_reply: str = DEFAULT_REPLY,
-    seed: int = 0,
-    tokens_per_step: TokensPerStep = 1,
-    step_delay_ms: float = 0.0,
     max_top_n_tokens: int = 5,
     max_total_tokens: int = 4096,
+    **common: Unpack[CommonOptions],
 ) -> web.Application:
     """An aiohttp app that answers like `text-generation-launcher --model-id <model>` (see the module docstring).
 
@@ -599,38 +598,13 @@ def create_app(
     per engine step after the first (TGI still sends one event per token; a step's tokens follow
     each other without delay). step_delay_ms: wait before each engine step. max_top_n_tokens:
     the launcher's `--max-top-n-tokens`; max_total_tokens: `--max-total-tokens`.
-    The simulator object (stats, settings) is at `app[SIMULATOR_KEY]`.
+    The options every simulator takes (replies, default_reply, seed, tokens_per_step, step_delay_ms)
+    are `base.CommonOptions`. The simulator object (stats, settings) is at `app[SIMULATOR_KEY]`.
     """
-    settings = TGISettings(
-        **common_settings(replies, default_reply, seed, tokens_per_step, step_delay_ms),
-        max_top_n_tokens=max_top_n_tokens,
-        max_total_tokens=max_total_tokens,
-    )
-    sim = TGISimulator(vocab, model, settings)
-    routes = [
-        ("POST", "/generate", sim.generate_route),
-        ("POST", "/generate_stream", sim.generate_stream_route),
-        ("POST", "/v1/chat/completions", sim.chat_completions),
-        ("POST", "/v1/completions", sim.completions),
-        ("GET", "/info", sim.info),
-        ("GET", "/health", sim.health),
-        ("GET", "/v1/models", sim.models),
-    ]
-    return build_app(sim, SIMULATOR_KEY, routes)
+    return TGI.app(vocab, model, common, max_top_n_tokens=max_top_n_tokens, max_total_tokens=max_total_tokens)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    def options(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--max-top-n-tokens", type=int, default=5)
-        parser.add_argument("--max-total-tokens", type=int, default=4096)
-
-    def make(vocab: Vocab, args: argparse.Namespace, common: dict[str, Any]) -> web.Application:
-        return create_app(
-            vocab, args.model, **common, max_top_n_tokens=args.max_top_n_tokens, max_total_tokens=args.max_total_tokens
-        )
-
-    run_cli(argv, "tgi", "TGI", 8080, options, make)
-
+main = TGI.main
 
 if __name__ == "__main__":
     main()

@@ -18,12 +18,11 @@ counters), GET /sim/requests (recently received bodies), POST /sim/reset.
 
 from __future__ import annotations
 
-import argparse
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Unpack
 
 import orjson
 from aiohttp import web
@@ -34,17 +33,18 @@ from gateway.simulator import vllm_wire as wire
 from gateway.simulator.base import (
     Admitted,
     BadBody,
+    CommonOptions,
     CommonSettings,
+    Dialect,
+    Flag,
     Rejected,
+    Route,
     SimulatorBase,
     SSEWriter,
-    build_app,
-    common_settings,
-    run_cli,
 )
 from gateway.simulator.detok import IncrementalDetokenizer, TokenStrings, decode_ids
 from gateway.simulator.faults import FaultPlan
-from gateway.simulator.script import DEFAULT_REPLY, Output, TokensPerStep, plan_output
+from gateway.simulator.script import Output, plan_output
 from gateway.simulator.synthetic import Position
 from gateway.simulator.vllm_params import GenRequest, RequestError, ServerLimits, parse_chat, parse_completions
 from gateway.simulator.vllm_wire import JSON
@@ -90,16 +90,13 @@ class VLLMSimulator(SimulatorBase):
     def _decode(self, ids: Sequence[int]) -> str:
         return decode_ids(self.vocab, ids, skip_special=True)
 
-    def _error(self, exc: RequestError) -> web.Response:
-        return self.json_response(wire.error_body(exc.message, exc.err_type, exc.status, exc.param), exc.status)
-
     def fault_response(self, status: int, message: str) -> web.Response:
         try:
             kind = HTTPStatus(status).phrase.replace(" ", "")  # 503 -> ServiceUnavailableError
         except ValueError:  # a status without a name
             kind = "InternalServer" if status >= 500 else "BadRequest"
         kind = kind if kind.endswith("Error") else kind + "Error"
-        return self.json_response(wire.error_body(message, kind, status), status)
+        return RequestError(message, status=status, kind=kind).response()
 
     # --- logprobs of one sequence -------------------------------------------------------------
 
@@ -121,7 +118,7 @@ class VLLMSimulator(SimulatorBase):
 
     # --- request admission ------------------------------------------------------------------
 
-    def _admit(self, gen: GenRequest, plan: FaultPlan, prefix: str) -> _Job:
+    def _job(self, gen: GenRequest, plan: FaultPlan, prefix: str) -> _Job:
         eos = self.chat_eos if gen.endpoint == "chat" else self.completion_eos
         script = scripted.read_script(self.settings.replies.get(gen.reply_key)) if gen.reply_key is not None else None
         turn = None
@@ -151,20 +148,21 @@ class VLLMSimulator(SimulatorBase):
             return plan, parse_chat(body, self.limits, self.renderer)
         return plan, parse_completions(body, self.limits, self.encode, self._decode)
 
-    async def _admission(self, request: web.Request, endpoint: str) -> Admitted:
+    async def admit(self, request: web.Request, endpoint: str) -> Admitted:
         try:
             plan, gen = await self._parse(request, endpoint)
         except RequestError as exc:
-            raise Rejected(self._error(exc)) from None
-        job = self._admit(gen, plan, "chatcmpl" if endpoint == "chat" else "cmpl")
+            raise Rejected(exc.response()) from None
+        job = self._job(gen, plan, "chatcmpl" if endpoint == "chat" else "cmpl")
         # What vLLM's stream generators do when the engine fails: an error frame, then [DONE].
-        error = wire.error_body("simulated engine failure (x-sim-fault: error_mid_stream)", "InternalServerError", 500)
+        message = "simulated engine failure (x-sim-fault: error_mid_stream)"
+        error = RequestError(message, status=500, kind="InternalServerError")
         return Admitted(
             plan,
             gen.stream,
             respond=lambda: self._respond(request, job),
             produce=lambda writer: self._stream(request, job, writer),
-            error_frame=b"data: " + orjson.dumps(error) + b"\n\n",
+            error_frame=b"data: " + orjson.dumps(error.body()) + b"\n\n",
         )
 
     # --- generation ---------------------------------------------------------------------------
@@ -291,12 +289,6 @@ class VLLMSimulator(SimulatorBase):
 
     # --- routes -----------------------------------------------------------------------------
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.serve(request, lambda r: self._admission(r, "chat"))
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.serve(request, lambda r: self._admission(r, "completions"))
-
     async def models(self, request: web.Request) -> web.Response:
         return self.json_response(wire.model_list(self.model, self.limits.max_model_len))
 
@@ -307,22 +299,37 @@ class VLLMSimulator(SimulatorBase):
         return self.json_response({"version": "0.0.0+simulator"})
 
 
-SIMULATOR_KEY = web.AppKey("vllm_simulator", VLLMSimulator)
+VLLM = Dialect(
+    module="vllm",
+    title="vLLM",
+    port=8000,
+    simulator=VLLMSimulator,
+    settings=SimSettings,
+    routes=(
+        Route("POST", "/v1/chat/completions", endpoint="chat"),
+        Route("POST", "/v1/completions", endpoint="completions"),
+        Route("GET", "/v1/models", handler="models"),
+        Route("GET", "/health", handler="health"),
+        Route("GET", "/version", handler="version"),
+    ),
+    flags=(
+        Flag("--max-logprobs", "max_logprobs"),
+        Flag("--max-model-len", "max_model_len"),
+        Flag("--return-tokens-as-token-ids", "return_tokens_as_token_ids"),
+    ),
+)
+SIMULATOR_KEY = VLLM.key
 
 
 def create_app(
     vocab: Vocab,
     model: str,
     *,
-    replies: Mapping[str, str] | None = None,
-    default_reply: str = DEFAULT_REPLY,
     max_logprobs: int = 20,
-    seed: int = 0,
     max_model_len: int = 4096,
-    tokens_per_step: TokensPerStep = 1,
-    step_delay_ms: float = 0.0,
     return_tokens_as_token_ids: bool = False,
     reasoning_field: str = "reasoning",
+    **common: Unpack[CommonOptions],
 ) -> web.Application:
     """An aiohttp app that answers like `vllm serve <model>` (see the module docstring).
 
@@ -333,44 +340,21 @@ def create_app(
     step_delay_ms: wait before each engine step. return_tokens_as_token_ids: the server flag.
     A reply may also be an object with thinking and tool calls (see `scripted.py`); reasoning_field
     names the thinking's key (`reasoning`; `reasoning_content` before vLLM 0.10).
-    The simulator object (stats, settings) is at `app[SIMULATOR_KEY]`.
+    The options every simulator takes (replies, default_reply, seed, tokens_per_step, step_delay_ms)
+    are `base.CommonOptions`. The simulator object (stats, settings) is at `app[SIMULATOR_KEY]`.
     """
-    settings = SimSettings(
-        **common_settings(replies, default_reply, seed, tokens_per_step, step_delay_ms),
+    return VLLM.app(
+        vocab,
+        model,
+        common,
         max_logprobs=max_logprobs,
         max_model_len=max_model_len,
         return_tokens_as_token_ids=return_tokens_as_token_ids,
         reasoning_field=reasoning_field,
     )
-    sim = VLLMSimulator(vocab, model, settings)
-    routes = [
-        ("POST", "/v1/chat/completions", sim.chat_completions),
-        ("POST", "/v1/completions", sim.completions),
-        ("GET", "/v1/models", sim.models),
-        ("GET", "/health", sim.health),
-        ("GET", "/version", sim.version),
-    ]
-    return build_app(sim, SIMULATOR_KEY, routes)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    def options(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--max-logprobs", type=int, default=20)
-        parser.add_argument("--max-model-len", type=int, default=4096)
-        parser.add_argument("--return-tokens-as-token-ids", action="store_true")
-
-    def make(vocab: Vocab, args: argparse.Namespace, common: dict[str, Any]) -> web.Application:
-        return create_app(
-            vocab,
-            args.model,
-            **common,
-            max_logprobs=args.max_logprobs,
-            max_model_len=args.max_model_len,
-            return_tokens_as_token_ids=args.return_tokens_as_token_ids,
-        )
-
-    run_cli(argv, "vllm", "vLLM", 8000, options, make)
-
+main = VLLM.main
 
 if __name__ == "__main__":
     main()

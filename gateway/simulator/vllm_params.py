@@ -11,22 +11,22 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gateway.simulator.base import OpenAIError, flag, is_int
 from gateway.simulator.prompt import ChatMLRenderer, message_text, reply_key
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # CompletionRequest.max_tokens default when the field is absent
 
 
-class RequestError(Exception):
-    """A request vLLM would refuse; rendered with vllm_wire.error_body."""
+class RequestError(OpenAIError):
+    """A request vLLM would refuse, in vLLM's current ErrorResponse: `code` is the HTTP status (an int).
+
+    Older vLLM (before ~0.10) sent a flat `{"object": "error", "message", "type", "param", "code"}`.
+    """
 
     def __init__(
-        self, message: str, *, param: str | None = None, status: int = 400, err_type: str = "BadRequestError"
+        self, message: str, *, param: str | None = None, status: int = 400, kind: str = "BadRequestError"
     ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.status = status
-        self.err_type = err_type
+        super().__init__(message, status=status, param=param, code=status, kind=kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +63,6 @@ class GenRequest:
     stream_interval: int | None
 
 
-def _flag(body: Mapping[str, Any], name: str, default: bool = False) -> bool:
-    value = body.get(name, default)
-    return default if value is None else bool(value)
-
-
 def _int_or_none(body: Mapping[str, Any], name: str) -> int | None:
     value = body.get(name)
     if value is None:
@@ -78,7 +73,7 @@ def _int_or_none(body: Mapping[str, Any], name: str) -> int | None:
 
 
 def _check_stream_options(body: Mapping[str, Any]) -> tuple[bool, bool, bool]:
-    stream = _flag(body, "stream")
+    stream = flag(body, "stream")
     options = body.get("stream_options")
     if options and not stream:
         raise RequestError("Stream options can only be defined when `stream=True`.", param="stream_options")
@@ -103,13 +98,30 @@ def _check_prompt_logprobs(body: Mapping[str, Any], stream: bool) -> int | None:
 def _check_model(body: Mapping[str, Any], limits: ServerLimits) -> None:
     model = body.get("model")
     if model is not None and model != limits.model:
-        raise RequestError(f"The model `{model}` does not exist.", param="model", status=404, err_type="NotFoundError")
+        raise RequestError(f"The model `{model}` does not exist.", param="model", status=404, kind="NotFoundError")
 
 
 def _check_n(body: Mapping[str, Any]) -> None:
     n = body.get("n")
     if n not in (None, 1):
         raise RequestError("simulator limitation: only n=1 is supported", param="n")
+
+
+def _check_shared(
+    body: Mapping[str, Any], limits: ServerLimits, stream: bool, logprobs: int | None
+) -> tuple[int | None, bool]:
+    """(prompt_logprobs, echo), then the model name and `n`: what chat and completions check alike, in order.
+
+    With `echo` and no `prompt_logprobs` of its own, a request gets as many prompt logprobs as its
+    `logprobs` (`to_sampling_params` of both ChatCompletionRequest and CompletionRequest).
+    """
+    prompt_logprobs = _check_prompt_logprobs(body, stream)
+    echo = flag(body, "echo")
+    if prompt_logprobs is None and echo:
+        prompt_logprobs = logprobs
+    _check_model(body, limits)
+    _check_n(body)
+    return prompt_logprobs, echo
 
 
 def _check_caps(logprobs: int | None, prompt_logprobs: int | None, limits: ServerLimits) -> None:
@@ -154,19 +166,14 @@ def parse_chat(body: Mapping[str, Any], limits: ServerLimits, renderer: ChatMLRe
         raise RequestError("`messages` must be a non-empty list of message objects.", param="messages")
     stream_options = _check_stream_options(body)
     stream = stream_options[0]
-    logprobs_flag = _flag(body, "logprobs")
+    logprobs_flag = flag(body, "logprobs")
     top = _int_or_none(body, "top_logprobs") if "top_logprobs" in body else 0
     if top is not None:
         if top < 0 and top != -1:
             raise RequestError("`top_logprobs` must be a positive value or -1.", param="top_logprobs")
         if (top == -1 or top > 0) and not logprobs_flag:
             raise RequestError("when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
-    prompt_logprobs = _check_prompt_logprobs(body, stream)
-    echo = _flag(body, "echo")
-    if prompt_logprobs is None and echo:
-        prompt_logprobs = top  # ChatCompletionRequest.to_sampling_params
-    _check_model(body, limits)
-    _check_n(body)
+    prompt_logprobs, echo = _check_shared(body, limits, stream, top)
 
     try:
         prompt_ids = renderer.prompt_ids(messages)
@@ -209,7 +216,7 @@ def parse_completions(
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         prompt_text, prompt_ids = prompt, encode(prompt)
-    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    elif isinstance(prompt, list) and all(is_int(t) for t in prompt):
         prompt_ids = list(prompt)
         prompt_text = decode(prompt_ids)
     else:
@@ -219,12 +226,7 @@ def parse_completions(
     logprobs = _int_or_none(body, "logprobs")
     if logprobs is not None and logprobs < 0 and logprobs != -1:
         raise RequestError("`logprobs` must be a positive value or -1.", param="logprobs")
-    prompt_logprobs = _check_prompt_logprobs(body, stream)
-    echo = _flag(body, "echo")
-    if prompt_logprobs is None and echo:
-        prompt_logprobs = logprobs  # CompletionRequest.to_sampling_params
-    _check_model(body, limits)
-    _check_n(body)
+    prompt_logprobs, echo = _check_shared(body, limits, stream, logprobs)
 
     requested = _int_or_none(body, "max_tokens")
     if "max_tokens" not in body:
@@ -259,9 +261,9 @@ def _shared_fields(
         "stream": stream,
         "include_usage": include_usage,
         "continuous_usage": continuous,
-        "ignore_eos": _flag(body, "ignore_eos"),
+        "ignore_eos": flag(body, "ignore_eos"),
         "as_ids": _as_ids(body, limits),
-        "return_token_ids": _flag(body, "return_token_ids"),
+        "return_token_ids": flag(body, "return_token_ids"),
         "stream_interval": _stream_interval(body),
     }
 

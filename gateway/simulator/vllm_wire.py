@@ -43,14 +43,6 @@ def _spelling(token_id: int, strings: TokenStr, as_ids: bool) -> str:
     return f"token_id:{token_id}" if as_ids else strings(token_id)
 
 
-def error_body(message: str, err_type: str = "BadRequestError", code: int = 400, param: str | None = None) -> JSON:
-    """vLLM's current ErrorResponse (`{"error": {...}}`, code = HTTP status as an int).
-
-    Older vLLM (before ~0.10) sent a flat `{"object": "error", "message", "type", "param", "code"}`.
-    """
-    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
-
-
 def usage_body(prompt_tokens: int, completion_tokens: int, *, drop_nulls: bool = False) -> JSON:
     usage: JSON = {
         "prompt_tokens": prompt_tokens,
@@ -175,6 +167,22 @@ _CHAT_CHUNK = "chat.completion.chunk"
 _COMPLETION = "text_completion"
 
 
+def _response(env: Envelope, obj: str, choice: JSON, usage: JSON, middle: JSON) -> JSON:
+    """A non-streaming body: every field of the response model in order, unset ones null; `middle`
+    holds the fields one model has between `usage` and `kv_transfer_params`."""
+    return {
+        **env.head(obj),
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage,
+        **middle,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }
+
+
 def chat_response(
     env: Envelope,
     *,
@@ -204,19 +212,8 @@ def chat_response(
         "token_ids": token_ids,
         "routed_experts": None,
     }
-    return {
-        **env.head("chat.completion"),
-        "choices": [choice],
-        "service_tier": None,
-        "system_fingerprint": None,
-        "usage": usage,
-        "prompt_logprobs": prompt_logprobs,
-        "prompt_token_ids": prompt_token_ids,
-        "prompt_text": None,
-        "kv_transfer_params": None,
-        "ec_transfer_params": None,
-        "metrics": None,
-    }
+    prompt = {"prompt_logprobs": prompt_logprobs, "prompt_token_ids": prompt_token_ids, "prompt_text": None}
+    return _response(env, "chat.completion", choice, usage, prompt)
 
 
 def chat_role_chunk(env: Envelope, prompt_token_ids: list[int] | None) -> JSON:
@@ -266,16 +263,7 @@ def completion_response(
         "prompt_token_ids": prompt_token_ids,
         "routed_experts": None,
     }
-    return {
-        **env.head(_COMPLETION),
-        "choices": [choice],
-        "service_tier": None,
-        "system_fingerprint": None,
-        "usage": usage,
-        "kv_transfer_params": None,
-        "ec_transfer_params": None,
-        "metrics": None,
-    }
+    return _response(env, _COMPLETION, choice, usage, {})
 
 
 def completion_chunk(
