@@ -11,8 +11,55 @@ import orjson
 
 def encode_event(event: dict[str, Any]) -> bytes:
     """One Responses frame: `event: <type>` and a single `data:` line, closed by a blank line."""
+    kind = event["type"]
+    if kind in _REPEATING:
+        event = _with_shared_logprobs(event)
+        if kind in _TERMINAL:
+            _memo.clear()  # the message is complete: nothing later repeats its list
     # One copy of the (possibly large) JSON, not one per `+`.
-    return b"".join((b"event: ", event["type"].encode(), b"\ndata: ", orjson.dumps(event), b"\n\n"))
+    return b"".join((b"event: ", kind.encode(), b"\ndata: ", orjson.dumps(event), b"\n\n"))
+
+
+# The frames that close a message each repeat its whole `logprobs` list (the text's `.done`, the
+# part's, the item's, then the final Response): serialize that list once and splice the same JSON
+# into all four. It is the same list object in each, unchanged in between (the frames are built
+# and encoded in one go); the memo keeps one list, is checked by identity and length, and is
+# cleared by the terminal frame.
+_REPEATING = frozenset({"response.output_text.done", "response.content_part.done", "response.output_item.done",
+                        "response.completed", "response.incomplete", "response.failed"})
+_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+_SHARE_AT = 16  # shorter lists cost less to serialize again than to look up
+_memo: list[Any] = []  # [list object, its length, its JSON as an orjson.Fragment]
+
+
+def _with_shared_logprobs(value: Any) -> Any:
+    """`value` (not changed) copied along the paths to long `logprobs` lists, which become Fragments."""
+    if type(value) is dict:
+        copy = None
+        for key, item in value.items():
+            if key == "logprobs" and type(item) is list:
+                new = _fragment(item) if len(item) >= _SHARE_AT else item
+            elif type(item) is dict or type(item) is list:
+                new = _with_shared_logprobs(item)
+            else:
+                continue
+            if new is not item:
+                if copy is None:
+                    copy = dict(value)
+                copy[key] = new
+        return value if copy is None else copy
+    if type(value) is list:
+        items = [_with_shared_logprobs(item) if type(item) is dict else item for item in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    return value
+
+
+def _fragment(entries: list[Any]) -> orjson.Fragment:
+    if _memo and _memo[0] is entries and _memo[1] == len(entries):
+        return _memo[2]
+    fragment = orjson.Fragment(orjson.dumps(entries))
+    _memo[:] = [entries, len(entries), fragment]
+    return fragment
 
 
 async def data_payloads(lines: AsyncIterable[bytes]) -> AsyncIterator[bytes]:

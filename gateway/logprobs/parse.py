@@ -265,32 +265,40 @@ def _beyond_text(pieces: list[Piece], text: bytes) -> tuple[int, bool]:
 # the same either way. With the text given, exact tokens that already spell it are returned as
 # they are (alignment could only confirm them); any other case is the general reader's.
 
-_ID_TABLES: weakref.WeakKeyDictionary[Any, list[bytes | None]] = weakref.WeakKeyDictionary()
+_ID_TABLES: weakref.WeakKeyDictionary[Any, tuple[bytes | None, ...]] = weakref.WeakKeyDictionary()
+_LAST_TABLE: list[Any] = [None, ()]  # [weak reference to the vocabulary used last, its table]
 
 
-def _id_table(vocab: Vocab) -> list[bytes | None]:
-    """The vocabulary's id -> bytes list (None for holes), built once per vocabulary."""
+def _id_table(vocab: Vocab) -> tuple[bytes | None, ...]:
+    """The vocabulary's id -> bytes table (None for holes), built once per vocabulary.
+
+    A tuple, not a list: it holds no containers, so the garbage collector stops tracking it and
+    never walks its ~150k entries again (a list would be walked on every full collection).
+    """
+    last_vocab, last_table = _LAST_TABLE
+    if last_vocab is not None and last_vocab() is vocab:  # one upstream chunk after another: no lookup
+        return last_table
     try:
-        return _ID_TABLES[vocab]
+        table = _ID_TABLES[vocab]
     except KeyError:
-        pass
+        table = _ID_TABLES[vocab] = _build_id_table(vocab)
     except TypeError:  # not weak-referenceable: build it each time (still correct)
         return _build_id_table(vocab)
-    table = _ID_TABLES[vocab] = _build_id_table(vocab)
+    _LAST_TABLE[:] = [weakref.ref(vocab), table]
     return table
 
 
-def _build_id_table(vocab: Vocab) -> list[bytes | None]:
+def _build_id_table(vocab: Vocab) -> tuple[bytes | None, ...]:
     table: list[bytes | None] = []
     for token_id in range(len(vocab)):
         try:
             table.append(vocab.token_bytes(token_id))
         except (KeyError, IndexError):
             table.append(None)
-    return table
+    return tuple(table)
 
 
-def _placeholder_bytes(string: Any, table: list[bytes | None]) -> tuple[int, bytes] | None:
+def _placeholder_bytes(string: Any, table: tuple[bytes | None, ...]) -> tuple[int, bytes] | None:
     """(id, bytes) of a `token_id:N` string whose id is in the table; None for anything else."""
     if type(string) is not str or not string.startswith(TOKEN_ID_PREFIX):
         return None

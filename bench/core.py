@@ -1,0 +1,177 @@
+"""Micro-benchmark of the pure core: tokens/s of each logprob conversion, exact bytes from ids.
+
+Inputs are the canned vLLM bodies (`token_id:N` placeholders, sampled-first top lists; the gateway
+asks chat for k+1 so the true top k survive), the tokenizer is Qwen2's real one when present. Each
+figure is the best of repeated calls on one pinned core, timed in the thread's CPU time (time the
+scheduler gives other processes does not count: the machines are shared and noisy), in tokens/s.
+
+    .venv/bin/python -m bench.core [--quick] [--json out.json] [--only REGEX] [--ks 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.canned import Case, load_vocab_for, record_to_file
+
+KS = (0, 5, 20)
+TOKENS = 1000
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _best_rate(fn: Callable[..., Any], args: tuple[Any, ...], tokens: int, seconds: float) -> float:
+    """Tokens/s of `fn(*args)` (which handles `tokens` tokens), best of repeats within ~`seconds`.
+
+    Timed in this thread's CPU time, so time the scheduler gives to other processes does not count.
+    """
+    fn(*args)  # warm caches
+    best = float("inf")
+    gc.collect()
+    deadline = time.perf_counter() + seconds
+    rounds = 0
+    while rounds < 5 or time.perf_counter() < deadline:
+        start = time.thread_time()
+        fn(*args)
+        best = min(best, time.thread_time() - start)
+        rounds += 1
+    return tokens / best
+
+
+def _sse_payloads(frames: list[str]) -> list[bytes]:
+    out = []
+    for frame in frames:
+        data = frame.strip().removeprefix("data: ")
+        if data != "[DONE]":
+            out.append(data.encode())
+    return out
+
+
+def run(canned: dict[str, Any], seconds: float, ks: tuple[int, ...] = KS, only: str | None = None
+        ) -> list[dict[str, Any]]:
+    from gateway.logprobs import convert
+    from gateway.logprobs.parse import ParseOptions, parse_chat, parse_completions
+    from gateway.sse import encode_event
+    from gateway.translate.response_object import ResponseSettings
+    from gateway.translate.stream import ResponsesStream
+
+    vocab = load_vocab_for(canned["tokenizer"])
+    options = ParseOptions(vocab=vocab)
+    cases = canned["cases"]
+    rows: list[dict[str, Any]] = []
+
+    def add(direction: str, k: int, fn: Callable[..., Any], *args: Any) -> None:
+        if only and not re.search(only, direction):
+            return
+        rate = _best_rate(fn, args, TOKENS, seconds)
+        rows.append({"direction": direction, "k": k, "tokens_per_s": round(rate)})
+        print(f"  {direction:<48} k={k:<3} {rate:>12,.0f} tokens/s", flush=True)
+
+    def full_chat(raw: bytes, settings: ResponseSettings) -> bytes:
+        # The gateway's whole CPU path for a non-streamed chat body minus sockets (what the dialect
+        # module does is written out: pick the choice, parse its logprobs, feed the translator).
+        choice = orjson.loads(raw)["choices"][0]
+        tokens = parse_chat(choice["logprobs"]["content"], options).tokens
+        translator = ResponsesStream(settings)
+        translator.feed(tokens, choice["message"]["content"])
+        return orjson.dumps(translator.final_response(choice["finish_reason"], None))
+
+    def stream(payloads: list[bytes], api: str, settings: ResponseSettings) -> int:
+        # ... and for a stream: every upstream chunk in, every Responses SSE frame out.
+        translator = ResponsesStream(settings)
+        size = sum(len(encode_event(e)) for e in translator.start())
+        finish = None
+        for data in payloads:
+            choices = orjson.loads(data)["choices"]
+            if not choices:
+                continue
+            choice = choices[0]
+            logprobs = choice.get("logprobs")
+            if api == "chat":
+                text = choice["delta"].get("content") or ""
+                tokens = parse_chat(logprobs["content"] if logprobs else None, options).tokens
+            else:
+                text = choice.get("text") or ""
+                tokens = parse_completions(logprobs, options).tokens if logprobs else []
+            size += sum(len(encode_event(e)) for e in translator.feed(tokens, text))
+            finish = choice.get("finish_reason") or finish
+        size += sum(len(encode_event(e)) for e in translator.finish(finish, None))
+        return size
+
+    for k in ks:
+        chat_body = orjson.loads(cases[f"chat/full/k{k}/n{TOKENS}"]["body"])
+        comp_body = orjson.loads(cases[f"completions/full/k{k}/n{TOKENS}"]["body"])
+        chat_content = chat_body["choices"][0]["logprobs"]["content"]
+        comp_logprobs = comp_body["choices"][0]["logprobs"]
+        # Responses entries as a client would hand them back: exact `bytes` by contract.
+        responses_entries = orjson.loads(orjson.dumps(convert.chat_to_responses(chat_content, k, options)))
+        assert len(responses_entries) == TOKENS
+
+        add("chat -> responses (token ids)", k, convert.chat_to_responses, chat_content, k, options)
+        add("chat -> completions (token ids)", k, convert.chat_to_completions, chat_content, k, options)
+        add("completions -> responses (token ids)", k, convert.completions_to_responses, comp_logprobs, k, options)
+        add("completions -> chat (token ids)", k, convert.completions_to_chat, comp_logprobs, k, options)
+        add("responses -> chat (exact bytes)", k, convert.responses_to_chat, responses_entries, k)
+        add("responses -> completions (exact bytes)", k, convert.responses_to_completions, responses_entries, k)
+
+        settings = ResponseSettings(model="m", top_logprobs=k, include_logprobs=True)
+        add("gateway path: chat body -> Response JSON", k, full_chat,
+            cases[f"chat/full/k{k}/n{TOKENS}"]["body"].encode(), settings)
+        for api in ("chat", "completions"):
+            payloads = _sse_payloads(cases[f"{api}/stream/k{k}/n{TOKENS}"]["frames"])
+            add(f"gateway path: {api} SSE chunks -> Responses SSE", k, stream, payloads, api, settings)
+    return rows
+
+
+def run_isolated(canned_path: Path, *, quick: bool) -> list[dict[str, Any]]:
+    """Run this benchmark in its own process (pinned to one core); return its rows."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "core.json"
+        argv = [sys.executable, "-m", "bench.core", "--canned", str(canned_path), "--json", str(out)]
+        subprocess.run(argv + (["--quick"] if quick else []), check=True, cwd=ROOT)
+        return orjson.loads(out.read_bytes())["rows"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.core", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="shorter timing (about 20 s in all)")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--canned", type=Path, help="reuse (or write) this canned file from bench.canned")
+    parser.add_argument("--demo-vocab", action="store_true", help="the demo tokenizer even if Qwen2 is present")
+    parser.add_argument("--only", help="only directions matching this regular expression")
+    parser.add_argument("--ks", default=",".join(map(str, KS)), help="comma-separated k values (default 0,5,20)")
+    parser.add_argument("--seconds", type=float, help="timing budget per figure")
+    args = parser.parse_args(argv)
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    if args.canned and args.canned.is_file():
+        canned = orjson.loads(args.canned.read_bytes())
+    else:
+        cases = [Case(api, stream, k, TOKENS) for api in ("chat", "completions") for stream in (False, True)
+                 for k in KS]
+        path = args.canned or Path(tempfile.gettempdir()) / f"bench-core-canned-{os.getpid()}.json"
+        print(f"recording canned upstream bodies with the simulator -> {path}", flush=True)
+        canned = record_to_file(cases, path, use_qwen2=False if args.demo_vocab else None)
+    print(f"pure core, {TOKENS} tokens per call, tokenizer {canned['vocab']!r}, one core, "
+          f"python {sys.version.split()[0]}", flush=True)
+    seconds = args.seconds or (0.4 if args.quick else 1.5)
+    rows = run(canned, seconds, tuple(int(k) for k in args.ks.split(",")), args.only)
+    if args.json:
+        args.json.write_bytes(orjson.dumps({"vocab": canned["vocab"], "tokens_per_call": TOKENS, "rows": rows},
+                                           option=orjson.OPT_INDENT_2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

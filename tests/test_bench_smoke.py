@@ -1,0 +1,31 @@
+"""The benchmark machinery runs end to end on a tiny plan: processes start, load flows, reports are
+well formed and no request fails. No timing is asserted: benchmarks print figures, tests do not judge them."""
+
+import json
+
+from bench.run import SMOKE, TABLE_HEAD, TARGETS, run
+
+
+def test_tiny_benchmark_run_writes_a_complete_report_with_no_errors(tmp_path):
+    report = run(SMOKE, tmp_path, pin=False, demo_vocab=True, command="pytest smoke", progress=False)
+
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["plan"] == "smoke" and data["vocab"] == report["vocab"]
+    assert len(data["cells"]) == len(SMOKE.cells()) == 4
+    for cell in data["cells"]:
+        for target in TARGETS:
+            figures = cell[target]
+            assert figures["errors"] == 0, figures["error_examples"]
+            assert figures["requests"] > 0 and figures["rps"] > 0 and figures["p50_ms"] > 0
+        assert cell["gateway"]["cpu_s_per_1k_tokens"] > 0 and cell["gateway"]["peak_rss_mb"] > 0
+        assert cell["gateway_vs_relay"]["rps"] > 0 and cell["gateway_vs_direct"]["p50_ms"] > 0
+        if cell["stream"]:
+            assert cell["gateway"]["ttfe_p50_ms"] is not None
+    [many] = data["many_streams"]
+    assert many["gateway"]["errors"] == 0 and many["concurrency"] == SMOKE.many_streams
+    assert [t["met"] for t in data["targets"] if "concurrent streams" in t["target"]] != []
+
+    markdown = (tmp_path / "results.md").read_text()
+    assert TABLE_HEAD in markdown
+    rows = [line for line in markdown.splitlines() if line.startswith(("| chat |", "| completions |"))]
+    assert len(rows) == len(data["cells"]) + len(data["many_streams"])
