@@ -510,6 +510,18 @@ def run(plan: Plan, out: Path, *, burst: bool = False, pin: bool = True, demo_vo
     repeats: dict[str, list[dict[str, Any]]] = {}
     say("starting upstream, relay, gateway and load generator")
     with start_stack(canned, canned_path, out, burst=burst, pin=pin, store=store, gateway_src=gateway_src) as stack:
+        # Memory first, on a fresh gateway: later cells leave the heap larger than any stream needs.
+        for tokens in plan.many_tokens:
+            case = Case(plan.apis[0], True, 5, tokens)
+            idle = procstat.rss_mb(stack.gateway.pid)
+            entry: dict[str, Any] = {"api": case.api, "k": case.k, "tokens": tokens, "concurrency": plan.many_streams,
+                                     "gateway_idle_rss_mb": idle}
+            for target in TARGETS:
+                entry[target] = measure(stack, canned, case, target, plan.many_streams,
+                                        Plan(**{**plan.__dict__, "duration": max(plan.duration, 1.0)}))
+            many.append(entry)
+            say(f"{plan.many_streams} streams of {tokens} tokens: gateway peak RSS "
+                f"{entry['gateway']['peak_rss_mb']:.0f} MB, errors {entry['gateway']['errors']}")
         for index, (case, conc) in enumerate(cells_plan, 1):
             cell = run_cell(stack, canned, case, conc, plan)
             cells.append(cell)
@@ -527,17 +539,6 @@ def run(plan: Plan, out: Path, *, burst: bool = False, pin: bool = True, demo_vo
                     cell = run_cell(stack, canned, case, conc, plan)
                     repeats[f"{'stream' if case.stream else 'nonstream'}/{case.api}"].append(cell)
                     say(f"repeat {case.key} c={conc}")
-        for tokens in plan.many_tokens:
-            case = Case(plan.apis[0], True, 5, tokens)
-            idle = procstat.rss_mb(stack.gateway.pid)
-            entry: dict[str, Any] = {"api": case.api, "k": case.k, "tokens": tokens, "concurrency": plan.many_streams,
-                                     "gateway_idle_rss_mb": idle}
-            for target in TARGETS:
-                entry[target] = measure(stack, canned, case, target, plan.many_streams,
-                                        Plan(**{**plan.__dict__, "duration": max(plan.duration, 1.0)}))
-            many.append(entry)
-            say(f"{plan.many_streams} streams of {tokens} tokens: gateway peak RSS "
-                f"{entry['gateway']['peak_rss_mb']:.0f} MB, errors {entry['gateway']['errors']}")
     report = {
         "command": command, "plan": plan.name, "started": started, "machine": machine(),
         "vocab": canned["vocab"], "uvloop": uvloop_available(), "upstream_writes": "burst" if burst else "frames",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import math
 import os
@@ -22,6 +23,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         app = create_app(config)
+        # Start-up objects (tokenizer tables, templates) live forever: keep the collector off them.
+        gc.freeze()
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2

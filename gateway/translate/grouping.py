@@ -70,7 +70,8 @@ class TextGrouper:
             return token
         self._first_token_seen = True
         if token.bytes.startswith(b" ") and self._upstream_text and not self._upstream_text.startswith(" "):
-            return Token(token.bytes[1:], token.logprob, token.top, token.token_id, token.special, token.origin)
+            return Token(token.bytes[1:], token.logprob, token.top, token.token_id, token.special, token.origin,
+                         token.top_absent)
         return token
 
     def finish(self, finish_reason: str | None) -> list[Group]:
