@@ -8,6 +8,7 @@ from pathlib import Path
 from gateway.config import Config, ConfigError, Upstream
 from gateway.logprobs.vocab import Vocab, VocabError, load_vocab
 from gateway.replicas import ReplicaSet
+from gateway.translate.chat_template import ChatTemplate, ChatTemplateError
 
 
 @dataclass(frozen=True)
@@ -17,13 +18,11 @@ class Route:
     upstream: Upstream
     upstream_model: str
     vocab: Vocab | None
-    chat_template: object | None  # gateway.translate.chat_template.ChatTemplate
+    chat_template: ChatTemplate | None
     replicas: ReplicaSet  # shared by every model of the upstream
 
 
-def _load_template(config: Config, name: str, path: str | None, tokenizer_dir: Path | None) -> object | None:
-    from gateway.translate.chat_template import ChatTemplate, ChatTemplateError
-
+def _load_template(config: Config, name: str, path: str | None, tokenizer_dir: Path | None) -> ChatTemplate | None:
     try:
         if path is not None:
             resolved = config.resolve(path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gateway.errors import bad_request
+from gateway.logprobs.parse import ParseOptions
 from gateway.routing import Route
 from gateway.translate.chat_template import ChatTemplateError, render_prompt
 from gateway.translate.generation import Generation
@@ -21,7 +22,7 @@ def prompt_for(route: Route, gen: Generation) -> str:
     if gen.prompt is not None:
         return gen.prompt
     try:
-        return render_prompt(gen.messages or [], route.chat_template, gen.plain_input)  # type: ignore[arg-type]
+        return render_prompt(gen.messages or [], route.chat_template, gen.plain_input)
     except ChatTemplateError as exc:
         raise bad_request(str(exc), "input") from None
 
@@ -53,5 +54,6 @@ def _refuse_chat_only(gen: Generation, api: str) -> None:
         raise unsupported("Structured output is not supported through a native generate API.", gen.format_param)
 
 
-def parse_options(route: Route):
+def parse_options(route: Route) -> ParseOptions:
+    """How to read this route's logprobs: its dialect's flavor with the model's tokenizer."""
     return FLAVORS[route.upstream.dialect].parse_options(route.vocab)

@@ -79,7 +79,7 @@ def _logprobs_or_fail(parse, *args: Any) -> Parsed:
         raise UpstreamFormatError(f"upstream logprobs unreadable: {exc}") from None
 
 
-def _text_bound(options: ParseOptions, streaming: bool, text: str) -> str | None:
+def _text_bound(streaming: bool, text: str) -> str | None:
     # A whole response's text bounds lossy tokens; a chunk's text may lag its tokens (held bytes).
     return None if streaming else text
 
@@ -98,7 +98,7 @@ def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool
     reasoning = _reasoning(container)
     tool_calls = _tool_calls(container.get("tool_calls"))
     if reasoning is None and not tool_calls:
-        parsed = _logprobs_or_fail(parse_chat, content, options, _text_bound(options, streaming, text))
+        parsed = _logprobs_or_fail(parse_chat, content, options, _text_bound(streaming, text))
         tokens = parsed.tokens if text or not streaming else [_hide_control(t) for t in parsed.tokens]
         return Step(text, tokens, choice.get("finish_reason"), _usage(body), report=parsed.report)
     step = Step(text, [], choice.get("finish_reason"), _usage(body), reasoning=reasoning, tool_calls=tool_calls)
@@ -200,7 +200,7 @@ def completions_step(body: Mapping[str, Any], options: ParseOptions, *, streamin
     logprobs = choice.get("logprobs")
     parsed = Parsed([])
     if isinstance(logprobs, Mapping):
-        bound = _text_bound(options, streaming, text)
+        bound = _text_bound(streaming, text)
         if chat_shaped:
             parsed = _logprobs_or_fail(parse_chat, logprobs.get("content"), options, bound)
         else:
