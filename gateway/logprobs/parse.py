@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.logprobs.align import Piece, align
+from gateway.logprobs.compiled import fastpath
 from gateway.logprobs.report import TranslationReport
 from gateway.logprobs.spellings import (
     REPLACEMENT_CHAR,
@@ -265,12 +266,13 @@ def _beyond_text(pieces: list[Piece], text: bytes) -> tuple[int, bool]:
 # the same either way. With the text given, exact tokens that already spell it are returned as
 # they are (alignment could only confirm them); any other case is the general reader's.
 
-_ID_TABLES: weakref.WeakKeyDictionary[Any, tuple[bytes | None, ...]] = weakref.WeakKeyDictionary()
-_LAST_TABLE: list[Any] = [None, ()]  # [weak reference to the vocabulary used last, its table]
+_IdTable = tuple[tuple[bytes | None, ...], bytes]  # (bytes by id, None for holes; 1 per special id)
+_ID_TABLES: weakref.WeakKeyDictionary[Any, _IdTable] = weakref.WeakKeyDictionary()
+_LAST_TABLE: list[Any] = [None, ((), b"")]  # [weak reference to the vocabulary used last, its tables]
 
 
-def _id_table(vocab: Vocab) -> tuple[bytes | None, ...]:
-    """The vocabulary's id -> bytes table (None for holes), built once per vocabulary.
+def _id_table(vocab: Vocab) -> _IdTable:
+    """The vocabulary's id -> bytes table (None for holes) and special-id flags, built once per vocabulary.
 
     A tuple, not a list: it holds no containers, so the garbage collector stops tracking it and
     never walks its ~150k entries again (a list would be walked on every full collection).
@@ -288,14 +290,15 @@ def _id_table(vocab: Vocab) -> tuple[bytes | None, ...]:
     return table
 
 
-def _build_id_table(vocab: Vocab) -> tuple[bytes | None, ...]:
+def _build_id_table(vocab: Vocab) -> _IdTable:
     table: list[bytes | None] = []
     for token_id in range(len(vocab)):
         try:
             table.append(vocab.token_bytes(token_id))
         except (KeyError, IndexError):
             table.append(None)
-    return tuple(table)
+    flags = bytes(data is not None and vocab.is_special(token_id) for token_id, data in enumerate(table))
+    return tuple(table), flags
 
 
 def _placeholder_bytes(string: Any, table: tuple[bytes | None, ...]) -> tuple[int, bytes] | None:
@@ -311,7 +314,18 @@ def _placeholder_bytes(string: Any, table: tuple[bytes | None, ...]) -> tuple[in
 
 
 def _chat_from_ids(content: list[Any], vocab: Vocab, report: TranslationReport) -> list[Token] | None:
-    table = _id_table(vocab)
+    table, special_flags = _id_table(vocab)
+    if fastpath is not None:
+        compiled = fastpath.chat_from_ids(content, table, special_flags)
+        if compiled is not None:
+            report.from_ids += len(compiled)
+            return compiled
+    return _chat_from_ids_python(content, table, vocab, report)
+
+
+def _chat_from_ids_python(content: list[Any], table: tuple[bytes | None, ...], vocab: Vocab,
+                          report: TranslationReport) -> list[Token] | None:
+    """The reference for `_fastpath.chat_from_ids`, and what runs when it was not built or declines."""
     size = len(table)
     is_special = vocab.is_special
     token_id_origin = Origin.TOKEN_ID
@@ -407,7 +421,19 @@ def _chat_from_exact_bytes(content: list[Any], report: TranslationReport) -> lis
 
 def _completions_from_ids(strings: list[Any], values: list[Any], tops: list[Any] | None, vocab: Vocab,
                           report: TranslationReport) -> list[Token] | None:
-    table = _id_table(vocab)
+    table, special_flags = _id_table(vocab)
+    if fastpath is not None:
+        compiled = fastpath.completions_from_ids(strings, values, tops, table, special_flags)
+        if compiled is not None:
+            report.from_ids += len(compiled)
+            return compiled
+    return _completions_from_ids_python(strings, values, tops, table, vocab, report)
+
+
+def _completions_from_ids_python(strings: list[Any], values: list[Any], tops: list[Any] | None,
+                                 table: tuple[bytes | None, ...], vocab: Vocab,
+                                 report: TranslationReport) -> list[Token] | None:
+    """The reference for `_fastpath.completions_from_ids`."""
     is_special = vocab.is_special
     token_id_origin = Origin.TOKEN_ID
     tokens: list[Token] = []

@@ -11,6 +11,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from gateway.logprobs.compiled import fastpath
 from gateway.logprobs.report import TranslationReport
 from gateway.logprobs.spellings import chat_token_string, completions_token_string
 from gateway.logprobs.tokens import SENTINEL_LOGPROB, Candidate, Token, normalize_candidates, normalize_logprob
@@ -45,6 +46,8 @@ def render_chat_entry(token: Token, k: int) -> dict[str, Any]:
 
 def render_chat(tokens: Sequence[Token], k: int) -> list[dict[str, Any]]:
     """Chat `logprobs.content`: `{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}`."""
+    if fastpath is not None and type(tokens) is list and type(k) is int:
+        return fastpath.render_entries(tokens, k, render_chat_entry)  # the same dicts, built in C
     return [render_chat_entry(token, k) for token in tokens]
 
 
@@ -55,7 +58,7 @@ render_responses_entry = render_chat_entry
 
 def render_responses(tokens: Sequence[Token], k: int) -> list[dict[str, Any]]:
     """Responses `output_text.logprobs`: `{token, bytes, logprob, top_logprobs}` per token."""
-    return [render_chat_entry(token, k) for token in tokens]
+    return render_chat(tokens, k)
 
 
 def _lead_bytes(data: bytes) -> int:

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.logprobs.render import render_responses_entry
+from gateway.logprobs.render import render_responses
 from gateway.logprobs.tokens import Token
 from gateway.logprobs.vocab import Vocab
 from gateway.translate.grouping import TextGrouper
@@ -184,7 +184,7 @@ class ResponsesStream:
         if not self.settings.include_logprobs:
             return []
         k = self.settings.top_logprobs
-        return [render_responses_entry(token, k) for token in tokens]
+        return render_responses(tokens if isinstance(tokens, list) else list(tokens), k)
 
     # --- input --------------------------------------------------------------------------------
 

@@ -1,0 +1,556 @@
+/* Compiled twins of the logprob hot path (parse.py's id readers, render.py's entry renderer).
+ *
+ * Each function either returns exactly what its pure-Python twin returns, or None ("not my
+ * shape"), and the caller then runs the Python code. Nothing here decides anything the Python
+ * code does not: sentinels, duplicates, odd types and errors are all left to it. Property tests
+ * (tests/test_fastpath.py) hold the twins equal.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+static PyObject *key_token, *key_logprob, *key_bytes, *key_top_logprobs, *key_id, *key_special;
+
+/* Set once by configure(): the Token and Candidate classes and the Origin members. */
+static PyTypeObject *token_type, *candidate_type;
+static PyObject *origin_token_id;
+
+#define SENTINEL_LOGPROB (-9999.0)
+#define MAX_CANDIDATES 64 /* more alternatives than any server sends: left to Python */
+
+/* A float strictly between the sentinel and +inf: the value every reader and renderer keeps as is. */
+static inline int
+plain_logprob(PyObject *value)
+{
+    if (value == NULL || !PyFloat_CheckExact(value)) {
+        return 0;
+    }
+    double number = PyFloat_AS_DOUBLE(value);
+    return number > SENTINEL_LOGPROB && number < Py_HUGE_VAL; /* NaN fails both */
+}
+
+/* The id of a `token_id:N` string whose id has bytes in `table`, or -1. */
+static Py_ssize_t
+placeholder_id(PyObject *string, PyObject *table)
+{
+    if (string == NULL || !PyUnicode_CheckExact(string) || !PyUnicode_IS_COMPACT_ASCII(string)) {
+        return -1; /* non-ASCII digits are Python's (str.isdecimal accepts them) */
+    }
+    Py_ssize_t length = PyUnicode_GET_LENGTH(string);
+    const char *text = (const char *)PyUnicode_DATA(string);
+    if (length < 10 || memcmp(text, "token_id:", 9) != 0) {
+        return -1;
+    }
+    Py_ssize_t size = PyTuple_GET_SIZE(table);
+    Py_ssize_t id = 0;
+    for (Py_ssize_t i = 9; i < length; i++) {
+        char c = text[i];
+        if (c < '0' || c > '9') {
+            return -1;
+        }
+        id = id * 10 + (c - '0');
+        if (id >= size) {
+            return -1; /* only grows from here (leading zeros keep it small) */
+        }
+    }
+    return PyTuple_GET_ITEM(table, id) == Py_None ? -1 : id;
+}
+
+/* Take a finished object out of the cycle collector. Everything built here is a tree of strings, numbers,
+ * bytes and the Origin singleton: it cannot be part of a cycle, and leaving it tracked made the
+ * collector walk every token and entry of every response again and again (measured: most of the
+ * time of a 1,000-token response went to collections). Python code that later puts a container into
+ * one of these dicts re-tracks it (CPython does that on insertion). */
+static inline PyObject *
+untracked(PyObject *object)
+{
+    if (object != NULL && PyObject_GC_IsTracked(object)) {
+        PyObject_GC_UnTrack(object);
+    }
+    return object;
+}
+
+/* An instance of a tuple subclass (a NamedTuple) with `count` slots, the token id in slot `id_slot`
+ * and the others still to fill. */
+static PyObject *
+new_record(PyTypeObject *type, Py_ssize_t count, Py_ssize_t id_slot, Py_ssize_t id)
+{
+    PyObject *id_object = PyLong_FromSsize_t(id);
+    if (id_object == NULL) {
+        return NULL;
+    }
+    PyObject *record = type->tp_alloc(type, count);
+    if (record == NULL) {
+        Py_DECREF(id_object);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(record, id_slot, id_object);
+    return record;
+}
+
+static PyObject *
+candidate(PyObject *data, PyObject *logprob, Py_ssize_t id)
+{
+    PyObject *record = new_record(candidate_type, 4, 2, id);
+    if (record == NULL) {
+        return NULL;
+    }
+    PyTuple_SET_ITEM(record, 0, Py_NewRef(data));
+    PyTuple_SET_ITEM(record, 1, Py_NewRef(logprob));
+    PyTuple_SET_ITEM(record, 3, Py_NewRef(origin_token_id));
+    return untracked(record);
+}
+
+static PyObject *
+token(PyObject *data, PyObject *logprob, PyObject *top, Py_ssize_t id, int special, int top_absent)
+{
+    PyObject *record = new_record(token_type, 7, 3, id);
+    if (record == NULL) {
+        return NULL;
+    }
+    PyTuple_SET_ITEM(record, 0, Py_NewRef(data));
+    PyTuple_SET_ITEM(record, 1, Py_NewRef(logprob));
+    PyTuple_SET_ITEM(record, 2, Py_NewRef(top));
+    PyTuple_SET_ITEM(record, 4, Py_NewRef(special ? Py_True : Py_False));
+    PyTuple_SET_ITEM(record, 5, Py_NewRef(origin_token_id));
+    PyTuple_SET_ITEM(record, 6, Py_NewRef(top_absent ? Py_True : Py_False));
+    return untracked(record);
+}
+
+/* Look a key up in a dict; *found is NULL when absent. Returns -1 on an error (already set). */
+static inline int
+lookup(PyObject *dict, PyObject *key, PyObject **found)
+{
+    *found = PyDict_GetItemWithError(dict, key);
+    return (*found == NULL && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int
+check_configured(void)
+{
+    if (token_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_fastpath.configure() has not been called");
+        return -1;
+    }
+    return 0;
+}
+
+static int
+check_table(PyObject *table, PyObject *flags)
+{
+    if (!PyTuple_CheckExact(table) || !PyBytes_CheckExact(flags) || PyBytes_GET_SIZE(flags) != PyTuple_GET_SIZE(table)) {
+        PyErr_SetString(PyExc_TypeError, "table must be a tuple and flags bytes of the same length");
+        return -1;
+    }
+    return 0;
+}
+
+/* Chat `logprobs.content` whose tokens and alternatives are all `token_id:N`: see parse._chat_from_ids. */
+static PyObject *
+chat_from_ids(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "chat_from_ids(content, table, special_flags)");
+        return NULL;
+    }
+    PyObject *content = args[0], *table = args[1], *flags = args[2];
+    if (check_configured() < 0 || check_table(table, flags) < 0) {
+        return NULL;
+    }
+    if (!PyList_CheckExact(content)) {
+        Py_RETURN_NONE;
+    }
+    const char *special_flags = PyBytes_AS_STRING(flags);
+    Py_ssize_t count = PyList_GET_SIZE(content);
+    PyObject *tokens = PyList_New(count);
+    if (tokens == NULL) {
+        return NULL;
+    }
+    PyObject *alternatives[MAX_CANDIDATES];
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyList_GET_ITEM(content, i);
+        PyObject *found, *string, *logprob, *listed, *special_value;
+        if (!PyDict_CheckExact(item)) {
+            goto not_mine;
+        }
+        if (lookup(item, key_id, &found) < 0) {
+            goto error;
+        }
+        if (found != NULL) {
+            goto not_mine;
+        }
+        if (lookup(item, key_token, &string) < 0 || lookup(item, key_logprob, &logprob) < 0
+            || lookup(item, key_top_logprobs, &listed) < 0 || lookup(item, key_special, &special_value) < 0) {
+            goto error;
+        }
+        Py_ssize_t id = placeholder_id(string, table);
+        if (id < 0 || !plain_logprob(logprob)) {
+            goto not_mine;
+        }
+        Py_ssize_t alternative_count = 0;
+        if (listed != NULL && listed != Py_None) {
+            if (!PyList_CheckExact(listed) || PyList_GET_SIZE(listed) > MAX_CANDIDATES) {
+                goto not_mine; /* a truthy non-list is refused by Python; a falsy one it reads as none */
+            }
+            alternative_count = PyList_GET_SIZE(listed);
+        }
+        Py_ssize_t made = 0;
+        for (; made < alternative_count; made++) {
+            PyObject *alt = PyList_GET_ITEM(listed, made);
+            PyObject *alt_string, *alt_logprob;
+            if (!PyDict_CheckExact(alt)) {
+                break;
+            }
+            if (lookup(alt, key_id, &found) < 0 || lookup(alt, key_token, &alt_string) < 0
+                || lookup(alt, key_logprob, &alt_logprob) < 0) {
+                goto error_alternatives;
+            }
+            Py_ssize_t alt_id = found == NULL ? placeholder_id(alt_string, table) : -1;
+            if (alt_id < 0 || !plain_logprob(alt_logprob)) {
+                break;
+            }
+            alternatives[made] = candidate(PyTuple_GET_ITEM(table, alt_id), alt_logprob, alt_id);
+            if (alternatives[made] == NULL) {
+                goto error_alternatives;
+            }
+        }
+        if (made < alternative_count) {
+            for (Py_ssize_t j = 0; j < made; j++) {
+                Py_DECREF(alternatives[j]);
+            }
+            goto not_mine;
+        }
+        PyObject *top = untracked(PyTuple_New(alternative_count));
+        if (top == NULL) {
+            goto error_alternatives;
+        }
+        for (Py_ssize_t j = 0; j < alternative_count; j++) {
+            PyTuple_SET_ITEM(top, j, alternatives[j]); /* steals */
+        }
+        int special = special_flags[id] != 0 || special_value == Py_True;
+        PyObject *record = token(PyTuple_GET_ITEM(table, id), logprob, top, id, special, 0);
+        Py_DECREF(top);
+        if (record == NULL) {
+            goto error;
+        }
+        PyList_SET_ITEM(tokens, i, record);
+        continue;
+    error_alternatives:
+        for (Py_ssize_t j = 0; j < made; j++) {
+            Py_DECREF(alternatives[j]);
+        }
+        goto error;
+    }
+    return tokens;
+not_mine:
+    Py_DECREF(tokens); /* PyList_New's unfilled slots are NULL: the list frees only what was set */
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(tokens);
+    return NULL;
+}
+
+/* Legacy completions arrays whose tokens and keys are all `token_id:N`: see parse._completions_from_ids. */
+static PyObject *
+completions_from_ids(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "completions_from_ids(strings, values, tops, table, special_flags)");
+        return NULL;
+    }
+    PyObject *strings = args[0], *values = args[1], *tops = args[2], *table = args[3], *flags = args[4];
+    if (check_configured() < 0 || check_table(table, flags) < 0) {
+        return NULL;
+    }
+    if (!PyList_CheckExact(strings) || !PyList_CheckExact(values) || (tops != Py_None && !PyList_CheckExact(tops))) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(strings);
+    if (PyList_GET_SIZE(values) != count || (tops != Py_None && PyList_GET_SIZE(tops) != count)) {
+        Py_RETURN_NONE;
+    }
+    const char *special_flags = PyBytes_AS_STRING(flags);
+    PyObject *tokens = PyList_New(count);
+    if (tokens == NULL) {
+        return NULL;
+    }
+    PyObject *alternatives[MAX_CANDIDATES];
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t id = placeholder_id(PyList_GET_ITEM(strings, i), table);
+        PyObject *logprob = PyList_GET_ITEM(values, i);
+        if (id < 0 || (logprob != Py_None && !plain_logprob(logprob))) {
+            goto not_mine;
+        }
+        PyObject *top_dict = tops == Py_None ? Py_None : PyList_GET_ITEM(tops, i);
+        Py_ssize_t alternative_count = 0;
+        if (top_dict != Py_None) {
+            if (!PyDict_CheckExact(top_dict) || PyDict_GET_SIZE(top_dict) > MAX_CANDIDATES) {
+                goto not_mine;
+            }
+            alternative_count = PyDict_GET_SIZE(top_dict);
+        }
+        Py_ssize_t made = 0, position = 0;
+        PyObject *key, *alt_logprob;
+        while (made < alternative_count && PyDict_Next(top_dict, &position, &key, &alt_logprob)) {
+            Py_ssize_t alt_id = placeholder_id(key, table);
+            if (alt_id < 0 || !plain_logprob(alt_logprob)) {
+                break;
+            }
+            alternatives[made] = candidate(PyTuple_GET_ITEM(table, alt_id), alt_logprob, alt_id);
+            if (alternatives[made] == NULL) {
+                for (Py_ssize_t j = 0; j < made; j++) {
+                    Py_DECREF(alternatives[j]);
+                }
+                goto error;
+            }
+            made++;
+        }
+        if (made < alternative_count) {
+            for (Py_ssize_t j = 0; j < made; j++) {
+                Py_DECREF(alternatives[j]);
+            }
+            goto not_mine;
+        }
+        PyObject *top = untracked(PyTuple_New(alternative_count));
+        if (top == NULL) {
+            for (Py_ssize_t j = 0; j < made; j++) {
+                Py_DECREF(alternatives[j]);
+            }
+            goto error;
+        }
+        for (Py_ssize_t j = 0; j < alternative_count; j++) {
+            PyTuple_SET_ITEM(top, j, alternatives[j]);
+        }
+        PyObject *record = token(PyTuple_GET_ITEM(table, id), logprob, top, id, special_flags[id] != 0,
+                                 top_dict == Py_None);
+        Py_DECREF(top);
+        if (record == NULL) {
+            goto error;
+        }
+        PyList_SET_ITEM(tokens, i, record);
+    }
+    return tokens;
+not_mine:
+    Py_DECREF(tokens);
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(tokens);
+    return NULL;
+}
+
+/* {"token", "logprob", "bytes"} (+ "top_logprobs" when `top` is given); steals nothing. */
+static PyObject *
+entry(PyObject *data, PyObject *logprob, PyObject *top)
+{
+    const char *raw = PyBytes_AS_STRING(data);
+    Py_ssize_t length = PyBytes_GET_SIZE(data);
+    PyObject *string = PyUnicode_DecodeUTF8(raw, length, "backslashreplace");
+    if (string == NULL) {
+        return NULL;
+    }
+    PyObject *numbers = untracked(PyList_New(length));
+    if (numbers == NULL) {
+        Py_DECREF(string);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < length; i++) {
+        PyList_SET_ITEM(numbers, i, PyLong_FromLong((unsigned char)raw[i])); /* small ints: cached, no failure */
+    }
+    PyObject *dict = PyDict_New();
+    if (dict == NULL || PyDict_SetItem(dict, key_token, string) < 0 || PyDict_SetItem(dict, key_logprob, logprob) < 0
+        || PyDict_SetItem(dict, key_bytes, numbers) < 0
+        || (top != NULL && PyDict_SetItem(dict, key_top_logprobs, top) < 0)) {
+        Py_XDECREF(dict);
+        dict = NULL;
+    }
+    Py_DECREF(string);
+    Py_DECREF(numbers);
+    return untracked(dict);
+}
+
+/* 1 when the candidates are distinct (by id when all have one, by bytes when none has), 0 when not
+ * or when mixed (Python's de-duplication then decides), -1 on an error. */
+static int
+distinct(PyObject *const *candidates, Py_ssize_t count)
+{
+    PyObject *first_id = PyTuple_GET_ITEM(candidates[0], 2);
+    if (first_id == Py_None) {
+        for (Py_ssize_t i = 0; i < count; i++) {
+            if (PyTuple_GET_ITEM(candidates[i], 2) != Py_None) {
+                return 0;
+            }
+            PyObject *a = PyTuple_GET_ITEM(candidates[i], 0);
+            for (Py_ssize_t j = 0; j < i; j++) {
+                PyObject *b = PyTuple_GET_ITEM(candidates[j], 0);
+                if (PyBytes_GET_SIZE(a) == PyBytes_GET_SIZE(b)
+                    && memcmp(PyBytes_AS_STRING(a), PyBytes_AS_STRING(b), PyBytes_GET_SIZE(a)) == 0) {
+                    return 0;
+                }
+            }
+        }
+        return 1;
+    }
+    long long ids[MAX_CANDIDATES];
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *id = PyTuple_GET_ITEM(candidates[i], 2);
+        if (!PyLong_CheckExact(id)) {
+            return 0;
+        }
+        int overflow = 0;
+        ids[i] = PyLong_AsLongLongAndOverflow(id, &overflow);
+        if (overflow) {
+            return 0;
+        }
+        for (Py_ssize_t j = 0; j < i; j++) {
+            if (ids[j] == ids[i]) {
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+/* One Responses/chat entry, or NULL with no error set when the token is not the plain shape. */
+static PyObject *
+render_plain(PyObject *record, Py_ssize_t k, int *not_mine)
+{
+    *not_mine = 1;
+    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 3) {
+        return NULL;
+    }
+    PyObject *data = PyTuple_GET_ITEM(record, 0), *logprob = PyTuple_GET_ITEM(record, 1);
+    PyObject *top = PyTuple_GET_ITEM(record, 2);
+    if (!PyBytes_CheckExact(data) || !plain_logprob(logprob) || !PyTuple_CheckExact(top)) {
+        return NULL;
+    }
+    Py_ssize_t count = k > 0 ? PyTuple_GET_SIZE(top) : 0;
+    if (count > MAX_CANDIDATES) {
+        return NULL;
+    }
+    PyObject *order[MAX_CANDIDATES];
+    double values[MAX_CANDIDATES];
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *cand = PyTuple_GET_ITEM(top, i);
+        if (!PyTuple_Check(cand) || PyTuple_GET_SIZE(cand) < 3 || !PyBytes_CheckExact(PyTuple_GET_ITEM(cand, 0))
+            || !plain_logprob(PyTuple_GET_ITEM(cand, 1))) {
+            return NULL;
+        }
+        /* Insertion sort, descending, stable: an element moves only past strictly smaller ones. */
+        double value = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(cand, 1));
+        Py_ssize_t j = i;
+        while (j > 0 && values[j - 1] < value) {
+            values[j] = values[j - 1];
+            order[j] = order[j - 1];
+            j--;
+        }
+        values[j] = value;
+        order[j] = cand;
+    }
+    if (count > 1 && distinct(order, count) != 1) {
+        return NULL;
+    }
+    *not_mine = 0;
+    Py_ssize_t kept = k <= 0 ? 0 : (count < k ? count : k);
+    PyObject *alternatives = untracked(PyList_New(kept));
+    if (alternatives == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < kept; i++) {
+        PyObject *alt = entry(PyTuple_GET_ITEM(order[i], 0), PyTuple_GET_ITEM(order[i], 1), NULL);
+        if (alt == NULL) {
+            Py_DECREF(alternatives);
+            return NULL;
+        }
+        PyList_SET_ITEM(alternatives, i, alt);
+    }
+    PyObject *result = entry(data, logprob, alternatives);
+    Py_DECREF(alternatives);
+    return result;
+}
+
+/* render.render_responses: one entry per token; tokens not of the plain shape go to `fallback(token, k)`. */
+static PyObject *
+render_entries(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyLong_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "render_entries(tokens: list, k: int, fallback)");
+        return NULL;
+    }
+    PyObject *tokens = args[0], *fallback = args[2];
+    Py_ssize_t k = PyLong_AsSsize_t(args[1]);
+    if (k == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(tokens);
+    PyObject *entries = PyList_New(count);
+    if (entries == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *record = PyList_GET_ITEM(tokens, i);
+        int not_mine;
+        PyObject *rendered = render_plain(record, k, &not_mine);
+        if (rendered == NULL && not_mine && !PyErr_Occurred()) {
+            PyObject *call_args[2] = {record, args[1]};
+            rendered = PyObject_Vectorcall(fallback, call_args, 2, NULL);
+        }
+        if (rendered == NULL) {
+            Py_DECREF(entries);
+            return NULL;
+        }
+        PyList_SET_ITEM(entries, i, rendered);
+    }
+    return entries;
+}
+
+static PyObject *
+configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyType_Check(args[0]) || !PyType_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "configure(Token, Candidate, Origin.TOKEN_ID)");
+        return NULL;
+    }
+    for (int i = 0; i < 2; i++) {
+        PyTypeObject *type = (PyTypeObject *)args[i];
+        /* A NamedTuple: a tuple subclass with no instance dict, so slots are all there is to fill. */
+        if (!PyType_IsSubtype(type, &PyTuple_Type) || type->tp_basicsize != PyTuple_Type.tp_basicsize) {
+            PyErr_SetString(PyExc_TypeError, "Token and Candidate must be NamedTuple classes");
+            return NULL;
+        }
+    }
+    Py_XSETREF(token_type, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_XSETREF(candidate_type, (PyTypeObject *)Py_NewRef(args[1]));
+    Py_XSETREF(origin_token_id, Py_NewRef(args[2]));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
+     "configure(Token, Candidate, Origin.TOKEN_ID): the classes records are made of."},
+    {"chat_from_ids", (PyCFunction)(void (*)(void))chat_from_ids, METH_FASTCALL,
+     "chat_from_ids(content, table, special_flags) -> list[Token] | None"},
+    {"completions_from_ids", (PyCFunction)(void (*)(void))completions_from_ids, METH_FASTCALL,
+     "completions_from_ids(strings, values, tops, table, special_flags) -> list[Token] | None"},
+    {"render_entries", (PyCFunction)(void (*)(void))render_entries, METH_FASTCALL,
+     "render_entries(tokens, k, fallback) -> list[dict]"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_definition = {
+    PyModuleDef_HEAD_INIT, "_fastpath", "Compiled twins of the logprob hot path.", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__fastpath(void)
+{
+    key_token = PyUnicode_InternFromString("token");
+    key_logprob = PyUnicode_InternFromString("logprob");
+    key_bytes = PyUnicode_InternFromString("bytes");
+    key_top_logprobs = PyUnicode_InternFromString("top_logprobs");
+    key_id = PyUnicode_InternFromString("id");
+    key_special = PyUnicode_InternFromString("special");
+    if (!key_token || !key_logprob || !key_bytes || !key_top_logprobs || !key_id || !key_special) {
+        return NULL;
+    }
+    return PyModule_Create(&module_definition);
+}
