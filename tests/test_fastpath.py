@@ -8,6 +8,7 @@ and the pure-Python path, which every other test exercises then, is the whole st
 import math
 import sys
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from gateway.logprobs import parse as parse_module
 from gateway.logprobs.compiled import fastpath
 from gateway.logprobs.demo_vocab import build_demo_vocab
-from gateway.logprobs.render import render_chat, render_chat_entry
+from gateway.logprobs.render import render_chat, render_chat_entry, render_responses_json
 from gateway.logprobs.report import TranslationReport
 from gateway.logprobs.tokens import Candidate, Origin, Token
 from tests.test_parse_fast_paths import chat_contents, logprobs, strings
@@ -119,6 +120,35 @@ tokens = st.builds(Token, token_bytes, st.one_of(render_logprobs, st.none()),
 @settings(max_examples=600)
 def test_render_twin_gives_the_python_entries(token_list, k):
     assert fastpath.render_entries(token_list, k, render_chat_entry) == [render_chat_entry(t, k) for t in token_list]
+
+
+@given(st.lists(tokens, max_size=6), st.integers(-1, 8))
+@settings(max_examples=600)
+def test_json_twin_writes_what_orjson_writes_for_the_python_entries(token_list, k):
+    expected = orjson.dumps([render_chat_entry(t, k) for t in token_list])
+    written = fastpath.render_entries_json(token_list, k, orjson.dumps)
+    assert written is None or written == expected
+    assert render_responses_json(token_list, k) == expected
+
+
+every_byte = bytes(range(256))
+awkward = [every_byte, every_byte[::-1], "🦀根é".encode(), "🦀".encode()[:3] + b"a", b"\xed\xa0\x80\xef\xbf\xbd",
+           b"\xe0\x80\xf4\x90\x80\x80\xc0\xaf\xf0\x9f\xa6", b'"\\/\x7f\x00\x1f\n']
+
+
+@pytest.mark.parametrize("data", awkward)
+def test_json_twin_escapes_every_byte_as_python_and_orjson_do(data):
+    token = Token(data, -1.1920928955078125e-07, (Candidate(data[:3], -12.5, 1), Candidate(b"", -1e-300, 2)), 0)
+    written = fastpath.render_entries_json([token], 2, orjson.dumps)
+    assert written == orjson.dumps([render_chat_entry(token, 2)])
+    assert orjson.loads(written)[0]["token"] == data.decode("utf-8", "backslashreplace")
+
+
+def test_json_twin_declines_odd_tokens():
+    plain = Token(b"a", -1.0, (Candidate(b"b", -2.0, 1),), 0)
+    assert fastpath.render_entries_json([plain, Token(b"y", float("-inf"), ())], 1, orjson.dumps) is None
+    assert fastpath.render_entries_json([plain], 1, orjson.dumps) == orjson.dumps([render_chat_entry(plain, 1)])
+    assert fastpath.render_entries_json([], 5, orjson.dumps) == b"[]"
 
 
 def test_render_twin_sorts_stably_and_cuts_to_k():

@@ -503,6 +503,294 @@ render_entries(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return entries;
 }
 
+/* --- rendering straight to JSON ------------------------------------------------------------------
+ * The same entries as render_entries, as the JSON orjson would write for them (byte for byte): no dict,
+ * list or str per entry, which is where the time went (each allocation costs hundreds of ns here).
+ * Floats are formatted by orjson itself, in one call for the whole batch: shortest round-trip text,
+ * the same as every other number the gateway writes, and ~25x faster than repr(). */
+
+#define ENTRY_OVERHEAD 64 /* the keys, quotes, brackets and commas of one entry */
+
+/* Length of the well-formed UTF-8 sequence at `s` (what Python's decoder accepts), or 0. */
+static inline Py_ssize_t
+utf8_sequence(const unsigned char *s, Py_ssize_t available)
+{
+    unsigned char lead = s[0];
+    Py_ssize_t length;
+    unsigned char low = 0x80, high = 0xBF; /* the allowed range of the second byte */
+    if (lead >= 0xC2 && lead <= 0xDF) {
+        length = 2;
+    }
+    else if (lead >= 0xE0 && lead <= 0xEF) {
+        length = 3;
+        if (lead == 0xE0) {
+            low = 0xA0; /* no overlong forms */
+        }
+        else if (lead == 0xED) {
+            high = 0x9F; /* no surrogates */
+        }
+    }
+    else if (lead >= 0xF0 && lead <= 0xF4) {
+        length = 4;
+        if (lead == 0xF0) {
+            low = 0x90;
+        }
+        else if (lead == 0xF4) {
+            high = 0x8F; /* nothing past U+10FFFF */
+        }
+    }
+    else {
+        return 0;
+    }
+    if (available < length || s[1] < low || s[1] > high) {
+        return 0;
+    }
+    for (Py_ssize_t i = 2; i < length; i++) {
+        if ((s[i] & 0xC0) != 0x80) {
+            return 0;
+        }
+    }
+    return length;
+}
+
+static const char hex_digits[] = "0123456789abcdef";
+
+/* The JSON string of bytes.decode("utf-8", "backslashreplace"), escaped as orjson escapes. */
+static char *
+write_token_string(char *out, const unsigned char *s, Py_ssize_t n)
+{
+    *out++ = '"';
+    Py_ssize_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c >= 0x80) {
+            Py_ssize_t length = utf8_sequence(s + i, n - i);
+            if (length > 0) {
+                memcpy(out, s + i, length);
+                out += length;
+                i += length;
+            }
+            else { /* backslashreplace made it the four characters \xNN; JSON escapes the backslash */
+                memcpy(out, "\\\\x", 3);
+                out[3] = hex_digits[c >> 4];
+                out[4] = hex_digits[c & 15];
+                out += 5;
+                i++;
+            }
+            continue;
+        }
+        i++;
+        if (c == '"' || c == '\\') {
+            *out++ = '\\';
+            *out++ = (char)c;
+        }
+        else if (c >= 0x20) {
+            *out++ = (char)c;
+        }
+        else {
+            *out++ = '\\';
+            switch (c) {
+            case '\b': *out++ = 'b'; break;
+            case '\t': *out++ = 't'; break;
+            case '\n': *out++ = 'n'; break;
+            case '\f': *out++ = 'f'; break;
+            case '\r': *out++ = 'r'; break;
+            default:
+                memcpy(out, "u00", 3);
+                out[3] = hex_digits[c >> 4];
+                out[4] = hex_digits[c & 15];
+                out += 5;
+            }
+        }
+    }
+    *out++ = '"';
+    return out;
+}
+
+static char *
+write_entry_head(char *out, PyObject *data, const char *number, Py_ssize_t number_length)
+{
+    const unsigned char *raw = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t length = PyBytes_GET_SIZE(data);
+    memcpy(out, "{\"token\":", 9);
+    out = write_token_string(out + 9, raw, length);
+    memcpy(out, ",\"logprob\":", 11);
+    memcpy(out + 11, number, number_length);
+    out += 11 + number_length;
+    memcpy(out, ",\"bytes\":[", 10);
+    out += 10;
+    for (Py_ssize_t i = 0; i < length; i++) {
+        unsigned int byte = raw[i];
+        if (i > 0) {
+            *out++ = ',';
+        }
+        if (byte >= 100) {
+            *out++ = (char)('0' + byte / 100);
+        }
+        if (byte >= 10) {
+            *out++ = (char)('0' + byte / 10 % 10);
+        }
+        *out++ = (char)('0' + byte % 10);
+    }
+    *out++ = ']';
+    return out;
+}
+
+/* The plain shape of one token (see render_plain): its alternatives sorted and cut into `order`;
+ * -1 when the token is not that shape. */
+static Py_ssize_t
+plain_alternatives(PyObject *record, Py_ssize_t k, PyObject **order)
+{
+    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 3) {
+        return -1;
+    }
+    PyObject *data = PyTuple_GET_ITEM(record, 0), *top = PyTuple_GET_ITEM(record, 2);
+    if (!PyBytes_CheckExact(data) || !plain_logprob(PyTuple_GET_ITEM(record, 1)) || !PyTuple_CheckExact(top)) {
+        return -1;
+    }
+    Py_ssize_t count = k > 0 ? PyTuple_GET_SIZE(top) : 0;
+    if (count > MAX_CANDIDATES) {
+        return -1;
+    }
+    double values[MAX_CANDIDATES];
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *cand = PyTuple_GET_ITEM(top, i);
+        if (!PyTuple_Check(cand) || PyTuple_GET_SIZE(cand) < 3 || !PyBytes_CheckExact(PyTuple_GET_ITEM(cand, 0))
+            || !plain_logprob(PyTuple_GET_ITEM(cand, 1))) {
+            return -1;
+        }
+        double value = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(cand, 1));
+        Py_ssize_t j = i;
+        while (j > 0 && values[j - 1] < value) {
+            values[j] = values[j - 1];
+            order[j] = order[j - 1];
+            j--;
+        }
+        values[j] = value;
+        order[j] = cand;
+    }
+    if (count > 1 && distinct(order, count) != 1) {
+        return -1;
+    }
+    return k <= 0 ? 0 : (count < k ? count : k);
+}
+
+/* render.render_responses_json: bytes of the JSON array of entries, or None when any token is not the
+ * plain shape (Python then renders the list and orjson serializes it). */
+static PyObject *
+render_entries_json(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyLong_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "render_entries_json(tokens: list, k: int, dumps)");
+        return NULL;
+    }
+    PyObject *tokens = args[0], *dumps = args[2];
+    Py_ssize_t k = PyLong_AsSsize_t(args[1]);
+    if (k == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(tokens);
+    Py_ssize_t per_token = 1 + (k <= 0 ? 0 : (k < MAX_CANDIDATES ? k : MAX_CANDIDATES));
+    /* Pass 1: check every token, fix each one's alternatives, collect the floats in writing order. */
+    PyObject **records = PyMem_Malloc(sizeof(PyObject *) * (size_t)(count * per_token + 1));
+    Py_ssize_t *kept = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(count + 1));
+    PyObject *floats = PyList_New(0), *numbers = NULL, *result = NULL;
+    Py_ssize_t *number_starts = NULL;
+    if (records == NULL || kept == NULL || floats == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t total = 0, bound = 2;
+    for (Py_ssize_t t = 0; t < count; t++) {
+        PyObject *record = PyList_GET_ITEM(tokens, t);
+        PyObject *order[MAX_CANDIDATES];
+        Py_ssize_t alternatives = plain_alternatives(record, k, order);
+        if (alternatives < 0) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        kept[t] = alternatives;
+        for (Py_ssize_t i = -1; i < alternatives; i++) {
+            PyObject *item = i < 0 ? record : order[i];
+            records[total++] = item;
+            bound += ENTRY_OVERHEAD + 10 * PyBytes_GET_SIZE(PyTuple_GET_ITEM(item, 0));
+            if (PyList_Append(floats, PyTuple_GET_ITEM(item, 1)) < 0) {
+                goto done;
+            }
+        }
+    }
+    numbers = PyObject_CallOneArg(dumps, floats);
+    if (numbers == NULL) {
+        goto done;
+    }
+    if (!PyBytes_CheckExact(numbers) || PyBytes_GET_SIZE(numbers) < 2) {
+        PyErr_SetString(PyExc_TypeError, "dumps must return the JSON bytes of a list");
+        goto done;
+    }
+    /* "[a,b,c]": the start of each number; a float's text holds no comma. */
+    const char *text = PyBytes_AS_STRING(numbers);
+    Py_ssize_t text_length = PyBytes_GET_SIZE(numbers);
+    number_starts = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
+    if (number_starts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t found = 0;
+    number_starts[found++] = 1;
+    for (Py_ssize_t i = 1; i < text_length - 1 && found <= total; i++) {
+        if (text[i] == ',') {
+            number_starts[found++] = i + 1;
+        }
+    }
+    if ((total > 0 && found != total) || (total == 0 && text_length != 2)) {
+        PyErr_SetString(PyExc_ValueError, "dumps wrote an unexpected list of numbers");
+        goto done;
+    }
+    number_starts[total] = text_length; /* one past the last number's closing bracket */
+    result = PyBytes_FromStringAndSize(NULL, bound + text_length);
+    if (result == NULL) {
+        goto done;
+    }
+    /* Pass 2: write. */
+    char *out = PyBytes_AS_STRING(result);
+    *out++ = '[';
+    Py_ssize_t position = 0;
+    for (Py_ssize_t t = 0; t < count; t++) {
+        if (t > 0) {
+            *out++ = ',';
+        }
+        for (Py_ssize_t i = -1; i < kept[t]; i++, position++) {
+            PyObject *item = records[position];
+            const char *number = text + number_starts[position];
+            Py_ssize_t number_length = number_starts[position + 1] - number_starts[position] - 1;
+            if (i >= 0 && i > 0) {
+                *out++ = ',';
+            }
+            out = write_entry_head(out, PyTuple_GET_ITEM(item, 0), number, number_length);
+            if (i < 0) {
+                memcpy(out, ",\"top_logprobs\":[", 17);
+                out += 17;
+            }
+            else {
+                *out++ = '}';
+            }
+        }
+        memcpy(out, "]}", 2);
+        out += 2;
+    }
+    *out++ = ']';
+    if (_PyBytes_Resize(&result, out - PyBytes_AS_STRING(result)) < 0) {
+        result = NULL;
+    }
+done:
+    PyMem_Free(records);
+    PyMem_Free(kept);
+    PyMem_Free(number_starts);
+    Py_XDECREF(floats);
+    Py_XDECREF(numbers);
+    return result;
+}
+
 static PyObject *
 configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -533,6 +821,8 @@ static PyMethodDef methods[] = {
      "completions_from_ids(strings, values, tops, table, special_flags) -> list[Token] | None"},
     {"render_entries", (PyCFunction)(void (*)(void))render_entries, METH_FASTCALL,
      "render_entries(tokens, k, fallback) -> list[dict]"},
+    {"render_entries_json", (PyCFunction)(void (*)(void))render_entries_json, METH_FASTCALL,
+     "render_entries_json(tokens, k, dumps) -> bytes | None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -11,6 +11,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import orjson
+
 from gateway.logprobs.compiled import fastpath
 from gateway.logprobs.report import TranslationReport
 from gateway.logprobs.spellings import chat_token_string, completions_token_string
@@ -59,6 +61,18 @@ render_responses_entry = render_chat_entry
 def render_responses(tokens: Sequence[Token], k: int) -> list[dict[str, Any]]:
     """Responses `output_text.logprobs`: `{token, bytes, logprob, top_logprobs}` per token."""
     return render_chat(tokens, k)
+
+
+def render_responses_json(tokens: Sequence[Token], k: int) -> bytes:
+    """`render_responses(tokens, k)` as JSON bytes (what orjson writes for it, byte for byte).
+
+    The compiled twin writes the JSON directly, with no dict per entry; other shapes go through the dicts.
+    """
+    if fastpath is not None and type(tokens) is list and type(k) is int:
+        written = fastpath.render_entries_json(tokens, k, orjson.dumps)
+        if written is not None:
+            return written
+    return orjson.dumps(render_responses(tokens, k))
 
 
 def _lead_bytes(data: bytes) -> int:
