@@ -17,6 +17,26 @@ from aiohttp import web
 from gateway.config import Config, ConfigError, load_config, parse_config
 
 
+def release_free_memory() -> bool:
+    """Give the C heap's free pages back to the OS: glibc's `malloc_trim(0)`. False if not glibc.
+
+    Loading a tokenizer frees tens of MB of transients (file contents, intermediate dicts) that glibc
+    keeps mapped for reuse, so a gateway's RSS would stay that much above what it uses. Elsewhere
+    (macOS, musl, Windows) nothing is called.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        if not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
+            return False
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (ValueError, OSError, AttributeError):  # no such confstr name, no libc.so.6, no malloc_trim
+        return False
+    return True
+
+
 def _serve(args: argparse.Namespace) -> int:
     from gateway.app import create_app
 
@@ -25,6 +45,8 @@ def _serve(args: argparse.Namespace) -> int:
         app = create_app(config)
         # Start-up objects (tokenizer tables, templates) live forever: keep the collector off them.
         gc.freeze()
+        # And hand back the memory that loading them freed (~36 MB with the Qwen2 tokenizer).
+        release_free_memory()
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2

@@ -2,8 +2,10 @@
 
 Servers spell tokens lossily; the model's own vocabulary is the ground truth for what each id is.
 Every backend builds its id -> bytes and bytes -> id tables once, when it loads, so the hot path is
-plain list and dict indexing. Loaders read local files first and touch the network only for names
-that cannot be local (`tiktoken.get_encoding`, the HF Hub), failing with a `VocabError` that says so.
+plain list and dict indexing. (An HF vocabulary's piece -> id table, the largest and wanted only by
+routes that read raw pieces, is built on its first lookup instead.) Loaders read local files first
+and touch the network only for names that cannot be local (`tiktoken.get_encoding`, the HF Hub),
+failing with a `VocabError` that says so.
 """
 
 from __future__ import annotations
@@ -62,8 +64,8 @@ class _TableVocab:
     """Lookups over tables built once by a subclass.
 
     `_bytes[id]` is the token's bytes or None for an id with no token (a hole in the id space);
-    `_by_bytes` maps bytes to the non-special id an encoder would most likely have produced;
-    `_pieces` maps raw vocabulary spellings to ids.
+    `_by_bytes` maps bytes to the non-special id an encoder would most likely have produced.
+    Subclasses answer `id_for_piece` (raw vocabulary spellings) their own way.
     """
 
     name: str
@@ -72,12 +74,10 @@ class _TableVocab:
         self,
         table: list[bytes | None],
         special_ids: Iterable[int],
-        pieces: dict[str, int],
         rank: Callable[[int], int] | None = None,
     ) -> None:
         self._bytes = table
         self._special = frozenset(special_ids)
-        self._pieces = pieces
         # Two ids can share bytes (SentencePiece '▁' and '<0x20>'; an added token repeating a piece).
         # `rank` says which one an encoder emits (lower wins); ties go to the lower id.
         by_bytes: dict[bytes, int] = {}
@@ -105,9 +105,6 @@ class _TableVocab:
 
     def id_for_bytes(self, data: bytes) -> int | None:
         return self._by_bytes.get(data)
-
-    def id_for_piece(self, piece: str) -> int | None:
-        return self._pieces.get(piece)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ids={len(self)}>"
@@ -179,8 +176,31 @@ def _component_types(node: Any) -> set[str]:
     return found
 
 
+def _pipeline_config(tokenizer: Tokenizer) -> dict[str, Any]:
+    """The parts of `tokenizer`'s tokenizer.json document that `_detect_scheme` reads.
+
+    Each pipeline component is serialized on its own: `tokenizer.to_str()` would also spell out the
+    whole vocabulary and merges (for Qwen2, ~65 MB of parsed JSON and a second of CPU), a transient
+    that leaves the heap fragmented.
+    """
+
+    def component(value: Any) -> Any:
+        return None if value is None else json.loads(value.__getstate__())
+
+    model = tokenizer.model
+    byte_fallback = getattr(model, "byte_fallback", None)  # BPE has the attribute
+    if byte_fallback is None and isinstance(model, models.Unigram):  # Unigram only in its JSON
+        byte_fallback = json.loads(model.__getstate__()).get("byte_fallback")
+    return {
+        "normalizer": component(tokenizer.normalizer),
+        "pre_tokenizer": component(tokenizer.pre_tokenizer),
+        "decoder": component(tokenizer.decoder),
+        "model": {"byte_fallback": bool(byte_fallback)},
+    }
+
+
 def _detect_scheme(config: dict[str, Any]) -> tuple[str, bool]:
-    """(scheme, byte_fallback) from a tokenizer.json document."""
+    """(scheme, byte_fallback) from a tokenizer.json document (or `_pipeline_config`'s part of it)."""
     pre = _component_types(config.get("pre_tokenizer"))
     dec = _component_types(config.get("decoder"))
     if "ByteLevel" in pre or "ByteLevel" in dec:
@@ -202,12 +222,15 @@ class HFVocab(_TableVocab):
     `scheme` is how vocabulary pieces spell bytes: BYTE_LEVEL (GPT-2, Qwen, Llama-3), SENTENCEPIECE
     (Llama-2, Mistral, Phi-3: '▁' = space, '<0xNN>' = one byte with byte fallback) or PLAIN (the
     piece's UTF-8). Added tokens always hold raw text. `tokenizer` is the underlying Tokenizer.
+
+    The piece -> id table is built on the first `id_for_piece` (only routes with `pieces: true` and
+    the simulator ask): for Qwen2's 151k pieces it costs ~15 MB that most gateways never use.
     """
 
     def __init__(self, tokenizer: Tokenizer, name: str = "hf", *, extra_special_ids: Iterable[int] = ()):
         self.name = name
         self.tokenizer = tokenizer
-        self.scheme, self.byte_fallback = _detect_scheme(json.loads(tokenizer.to_str()))
+        self.scheme, self.byte_fallback = _detect_scheme(_pipeline_config(tokenizer))
 
         pieces = tokenizer.get_vocab(with_added_tokens=False)
         added = tokenizer.get_added_tokens_decoder()
@@ -218,7 +241,7 @@ class HFVocab(_TableVocab):
             table[token_id] = to_bytes(piece)
         for token_id, token in added.items():  # raw text, not in the piece alphabet
             table[token_id] = token.content.encode("utf-8")
-            pieces[token.content] = token_id
+            pieces[token.content] = token_id  # as `_piece_ids` builds it
         special = {i for i, token in added.items() if token.special}
         special.update(i for i in extra_special_ids if 0 <= i < size and table[i] is not None)
 
@@ -232,7 +255,21 @@ class HFVocab(_TableVocab):
                 return 0
             return 2 if token_id in byte_pieces else 1
 
-        self._set_tables(table, special, pieces, rank)
+        self._set_tables(table, special, rank)
+        self._pieces: dict[str, int] | None = None  # `pieces` is dropped; `id_for_piece` rebuilds it
+
+    def _piece_ids(self) -> dict[str, int]:
+        """Raw vocabulary spelling -> id: the model's pieces, then added tokens by their text."""
+        pieces = self.tokenizer.get_vocab(with_added_tokens=False)
+        for token_id, token in self.tokenizer.get_added_tokens_decoder().items():
+            pieces[token.content] = token_id
+        return pieces
+
+    def id_for_piece(self, piece: str) -> int | None:
+        pieces = self._pieces
+        if pieces is None:  # first use; a racing second build would only repeat the same work
+            pieces = self._pieces = self._piece_ids()
+        return pieces.get(piece)
 
     def _piece_decoder(self) -> Callable[[str], bytes]:
         if self.scheme == BYTE_LEVEL:
@@ -274,7 +311,8 @@ class TiktokenVocab(_TableVocab):
             except KeyError:
                 table.append(None)
         specials = {text: encoding.encode_single_token(text) for text in encoding.special_tokens_set}
-        self._set_tables(table, specials.values(), specials)
+        self._set_tables(table, specials.values())
+        self._pieces = specials
 
     def id_for_piece(self, piece: str) -> int | None:
         special = self._pieces.get(piece)
