@@ -62,6 +62,7 @@ def run(canned: dict[str, Any], seconds: float, ks: tuple[int, ...] = KS, only: 
         ) -> list[dict[str, Any]]:
     from gateway.logprobs import convert
     from gateway.logprobs.parse import ParseOptions, parse_chat, parse_completions
+    from gateway.logprobs.render import render_responses_json, visible_tokens
     from gateway.sse import encode_event
     from gateway.translate.response_object import ResponseSettings
     from gateway.translate.stream import ResponsesStream
@@ -77,6 +78,9 @@ def run(canned: dict[str, Any], seconds: float, ks: tuple[int, ...] = KS, only: 
         rate = _best_rate(fn, args, TOKENS, seconds)
         rows.append({"direction": direction, "k": k, "tokens_per_s": round(rate)})
         print(f"  {direction:<48} k={k:<3} {rate:>12,.0f} tokens/s", flush=True)
+
+    def chat_to_responses_json(content: list[Any], k: int) -> bytes:
+        return render_responses_json(visible_tokens(parse_chat(content, options).tokens), k)
 
     def full_chat(raw: bytes, settings: ResponseSettings) -> bytes:
         # The gateway's whole CPU path for a non-streamed chat body minus sockets (what the dialect
@@ -119,6 +123,8 @@ def run(canned: dict[str, Any], seconds: float, ks: tuple[int, ...] = KS, only: 
         assert len(responses_entries) == TOKENS
 
         add("chat -> responses (token ids)", k, convert.chat_to_responses, chat_content, k, options)
+        # What the gateway sends: the same entries written as JSON (byte-identical to dumping the dicts).
+        add("chat -> responses JSON (token ids)", k, chat_to_responses_json, chat_content, k)
         add("chat -> completions (token ids)", k, convert.chat_to_completions, chat_content, k, options)
         add("completions -> responses (token ids)", k, convert.completions_to_responses, comp_logprobs, k, options)
         add("completions -> chat (token ids)", k, convert.completions_to_chat, comp_logprobs, k, options)

@@ -407,11 +407,14 @@ def targets(cells: list[dict[str, Any]], many: list[dict[str, Any]], core: dict[
                         "detail": f"gateway {_median([c['gateway']['rps'] for c in runs]):.1f}/s vs relay "
                                   f"{_median([c['relay']['rps'] for c in runs]):.1f}/s (median of {len(values)})"})
     if core:
-        rows = [r for r in core["rows"] if r["direction"].startswith("chat -> responses") and r["k"] == 5]
-        if rows:
-            value = rows[0]["tokens_per_s"]
+        by_direction = {r["direction"]: r["tokens_per_s"] for r in core["rows"] if r["k"] == 5}
+        # The gateway sends JSON: the row that writes it is the target's; the dict row is shown beside it.
+        dicts = by_direction.get("chat -> responses (token ids)")
+        value = by_direction.get("chat -> responses JSON (token ids)", dicts)
+        if value is not None:
             out.append({"target": "pure core, chat -> responses, exact bytes from ids, k=5: >= 200,000 tokens/s",
-                        "value": value, "limit": 200_000, "met": value >= 200_000, "runs": 1, "detail": ""})
+                        "value": value, "limit": 200_000, "met": value >= 200_000, "runs": 1,
+                        "detail": f"to Responses JSON; to Python dicts {dicts:,} tokens/s" if dicts else ""})
     for entry in many:
         g = entry["gateway"]
         met = g["peak_rss_mb"] < 150 and g["errors"] == 0
