@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import time
@@ -24,7 +25,7 @@ from gateway.config import Config
 from gateway.errors import GatewayError, bad_request, upstream_error, upstream_timeout
 from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.parse import ParseOptions
-from gateway.metrics import Metrics
+from gateway.metrics import Metrics, ReportCounters
 from gateway.middleware import (
     REQUEST_ID_HEADER,
     auth_middleware_factory,
@@ -37,7 +38,7 @@ from gateway.middleware import (
 from gateway.playground import add_playground
 from gateway.replicas import NoReplicaAvailable, Replica, probe_forever
 from gateway.routing import Route, build_routes
-from gateway.sse import data_payloads, encode_event
+from gateway.sse import data_batches, encode_events
 from gateway.stored_routes import add_stored_routes, begin_turn
 from gateway.translate.front_doors import (
     generation_from_chat,
@@ -83,8 +84,12 @@ class _Framing:
 
     def encode(self, items: list[dict[str, Any]]) -> bytes:
         if self.named_events:
-            return b"".join(encode_event(item) for item in items)
-        return b"".join(b"data: " + orjson.dumps(item) + b"\n\n" for item in items)
+            return encode_events(items)
+        parts: list[bytes] = []
+        dumps = orjson.dumps
+        for item in items:
+            parts += (b"data: ", dumps(item), b"\n\n")
+        return b"".join(parts)  # one copy of all the frames
 
     def end(self) -> bytes:
         return b"" if self.named_events else b"data: [DONE]\n\n"
@@ -116,8 +121,12 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     turn = await begin_turn(request.app, body)  # previous_response_id's history, from the store
     gen = generation_from_responses(body, turn.history)
     settings = turn.settings(responses_settings(body, gen))
-    return await _serve(request, "responses", gen, lambda route: turn.track(ResponsesFront(settings, route.vocab)),
-                        RESPONSES_FRAMING, "top_logprobs", on_final=turn.save)
+    def front(route: Route) -> FrontTranslator:
+        # Events are only serialized here: logprobs go out as JSON written once (no entry dicts), and a
+        # non-streamed Response skips the delta events nobody would see.
+        return turn.track(ResponsesFront(settings, route.vocab, serialized=True, deltas=gen.stream))
+
+    return await _serve(request, "responses", gen, front, RESPONSES_FRAMING, "top_logprobs", on_final=turn.save)
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
@@ -146,6 +155,7 @@ class _Exchange:
     route: Route
     front_door: str
     stream: bool
+    reports: ReportCounters  # the route's translation counters, resolved once per request
     started: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     step_usage: dict[str, Any] | None = None
@@ -153,7 +163,7 @@ class _Exchange:
     on_final: Callable[[], Awaitable[None]] | None = None
 
     def labels(self) -> tuple[str, str, str, str]:
-        return (self.route.model, self.route.upstream_name, self.front_door, str(self.stream).lower())
+        return (self.route.model, self.route.upstream_name, self.front_door, "true" if self.stream else "false")
 
 
 def _route(state: GatewayState, model: str) -> Route:
@@ -175,9 +185,12 @@ async def _serve(request: web.Request, front_door: str, gen: Generation,
         if exc.code == "unsupported_parameter":
             state.metrics.refused.labels(route.model, front_door, exc.param or "").inc()
         raise
-    exchange = _Exchange(route, front_door, gen.stream, on_final=on_final)
+    metrics = state.metrics
+    exchange = _Exchange(route, front_door, gen.stream, metrics.report_counters(route.model, route.upstream_name),
+                         on_final=on_final)
     request["log"].update(model=route.model, upstream=route.upstream_name, stream=gen.stream)
-    state.metrics.in_flight.labels(front_door).inc()
+    in_flight = metrics.child(metrics.in_flight, front_door)
+    in_flight.inc()
     state.in_flight += 1
     status = "error"
     try:
@@ -189,30 +202,31 @@ async def _serve(request: web.Request, front_door: str, gen: Generation,
         raise
     finally:
         state.in_flight -= 1
-        state.metrics.in_flight.labels(front_door).dec()
+        in_flight.dec()
         _record(state, exchange, status, request)
 
 
 def _record(state: GatewayState, exchange: _Exchange, status: str, request: web.Request) -> None:
     metrics = state.metrics
+    child = metrics.child
     labels = exchange.labels()
     elapsed = time.perf_counter() - exchange.started
-    metrics.requests.labels(*labels, status).inc()
-    metrics.duration.labels(*labels).observe(elapsed)
+    child(metrics.requests, *labels, status).inc()
+    child(metrics.duration, *labels).observe(elapsed)
     if exchange.first_token_at is not None:
         ttft = exchange.first_token_at - exchange.started
-        metrics.ttft.labels(*labels).observe(ttft)
+        child(metrics.ttft, *labels).observe(ttft)
         request["log"]["ttft_ms"] = round(ttft * 1000, 2)
     usage = exchange.step_usage or {}
     prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
     model, upstream = exchange.route.model, exchange.route.upstream_name
     if prompt:
-        metrics.tokens.labels(model, upstream, "in").inc(prompt)
+        child(metrics.tokens, model, upstream, "in").inc(prompt)
     if completion:
-        metrics.tokens.labels(model, upstream, "out").inc(completion)
+        child(metrics.tokens, model, upstream, "out").inc(completion)
         if exchange.first_token_at is not None and completion > 1:
             per_token = (time.perf_counter() - exchange.first_token_at) / (completion - 1)
-            metrics.per_token.labels(model, upstream).observe(per_token)
+            child(metrics.per_token, model, upstream).observe(per_token)
     request["log"].update(input_tokens=prompt, output_tokens=completion)
 
 
@@ -289,7 +303,8 @@ async def _open_upstream(request: web.Request, state: GatewayState, route: Route
     except aiohttp.ClientError as exc:
         raise _Retryable(upstream_error(f"upstream {name!r} is unreachable: {type(exc).__name__}"),
                          "connect") from None
-    state.metrics.upstream_latency.labels(name, replica.url).observe(time.perf_counter() - started)
+    metrics = state.metrics
+    metrics.child(metrics.upstream_latency, name, replica.url).observe(time.perf_counter() - started)
     if response.status >= 400:
         try:
             detail = error_message(await response.json(content_type=None), response.status)
@@ -305,10 +320,11 @@ async def _open_upstream(request: web.Request, state: GatewayState, route: Route
     return response
 
 
-def _account(state: GatewayState, exchange: _Exchange, step: Step) -> None:
+def _account(exchange: _Exchange, step: Step) -> None:
     if step.usage:
         exchange.step_usage = step.usage
-    state.metrics.count_report(exchange.route.model, exchange.route.upstream_name, step.report)
+    if step.report is not None:
+        exchange.reports.count(step.report)
 
 
 async def _complete(state: GatewayState, exchange: _Exchange, replica: Replica, upstream: aiohttp.ClientResponse,
@@ -329,7 +345,7 @@ async def _complete(state: GatewayState, exchange: _Exchange, replica: Replica, 
     except (UpstreamFormatError, AlignmentError) as exc:
         raise upstream_error(f"upstream {name!r} sent unusable logprobs: {exc}") from None
     route.replicas.succeeded(replica)
-    _account(state, exchange, step)
+    _account(exchange, step)
     exchange.first_token_at = time.perf_counter()
     front.start()
     if step.prompt_text is not None:
@@ -346,24 +362,43 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
                   options: ParseOptions) -> web.StreamResponse:
     route = exchange.route
     name = route.upstream_name
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                           "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                                           REQUEST_ID_HEADER: request["request_id"]})
     finished = False
     try:
+        start = front.start()
+        # With events to send at once, the headers go out with them, in one write; else straight away.
+        response = (_EventStreamResponse if start else web.StreamResponse)(headers={
+            "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no", REQUEST_ID_HEADER: request["request_id"]})
         await response.prepare(request)
-        await _write(response, framing, front.start())
+        await _write(response, framing, start)
         finish_reason: str | None = None
         failed = False
+        # Everything made from one network read goes out in one write. `items` holds what is not
+        # written yet, so a failure partway through a read still sends the events before it.
+        items: list[dict[str, Any]] = []
+        parse, loads, feed, reports = call.parse, orjson.loads, front.feed_step, exchange.reports
+        # What parsing repaired reaches the counters at most a second late (and all of it at the end).
+        flush_at = time.monotonic() + _REPORT_FLUSH_SECONDS
         try:
-            async for data in data_payloads(upstream.content):
-                step = call.parse(orjson.loads(data), options, streaming=True)
-                _account(state, exchange, step)
-                items = front.feed_step(step)
-                if items and exchange.first_token_at is None:
-                    exchange.first_token_at = time.perf_counter()
-                await _write(response, framing, items)
-                finish_reason = step.finish_reason or finish_reason
+            async for batch in data_batches(upstream.content):
+                for data in batch:
+                    step = parse(loads(data), options, streaming=True)
+                    if step.usage:
+                        exchange.step_usage = step.usage
+                    if step.report is not None:
+                        reports.add(step.report)
+                    made = feed(step)
+                    if made:
+                        if exchange.first_token_at is None:
+                            exchange.first_token_at = time.perf_counter()
+                        items += made
+                    finish_reason = step.finish_reason or finish_reason
+                if time.monotonic() >= flush_at:
+                    reports.flush()
+                    flush_at = time.monotonic() + _REPORT_FLUSH_SECONDS
+                if items:
+                    await response.write(framing.encode(items))
+                    items = []
             if finish_reason is None:
                 raise UpstreamFormatError("upstream stream ended without a finish_reason")
             items = front.finish(finish_reason, exchange.step_usage)
@@ -371,18 +406,20 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
             if exchange.on_final is not None:
                 await exchange.on_final()
         except TimeoutError:
-            failed, items = True, front.fail(f"upstream {name!r} stopped sending (idle timeout)")
+            failed = True
+            items = items + front.fail(f"upstream {name!r} stopped sending (idle timeout)")
             _mid_stream_fault(state, route, replica, "idle_timeout")
         except (aiohttp.ClientError, orjson.JSONDecodeError, UpstreamFormatError, AlignmentError,
                 TextMismatch) as exc:
-            failed, items = True, front.fail(f"upstream {name!r} failed mid-stream: {exc}")
+            failed = True
+            items = items + front.fail(f"upstream {name!r} failed mid-stream: {exc}")
             _mid_stream_fault(state, route, replica, "mid_stream")
-        await _write(response, framing, items)
-        if not failed:
-            await response.write(framing.end())
+        tail = framing.encode(items) if items else b""
+        # The last events, the end marker and the chunked-encoding terminator: one write.
+        await response.write_eof(tail if failed else tail + framing.end())
         finished = True
-        await response.write_eof()
     finally:
+        exchange.reports.flush()
         if not finished:
             # The client went away: drop the upstream connection so the server stops generating.
             upstream.close()
@@ -391,9 +428,21 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
     return response
 
 
+_REPORT_FLUSH_SECONDS = 1.0
+
+
 def _mid_stream_fault(state: GatewayState, route: Route, replica: Replica, kind: str) -> None:
     route.replicas.failed(replica)
     state.metrics.upstream_errors.labels(route.upstream_name, replica.url, kind).inc()
+
+
+class _EventStreamResponse(web.StreamResponse):
+    """A StreamResponse whose headers wait for the first body write (sent with it, one syscall).
+
+    Only for a stream that writes its first events right after `prepare`: the client sees no delay.
+    """
+
+    _send_headers_immediately = False
 
 
 async def _write(response: web.StreamResponse, framing: _Framing, items: list[dict[str, Any]]) -> None:
@@ -434,7 +483,21 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 # --- lifecycle -------------------------------------------------------------------------------------
 
 
+# The cyclic collector's first generation runs every 700 net container allocations by default:
+# several times per request, each pass walking the request's (acyclic) parse and render objects
+# that reference counting frees moments later anyway. A request's objects now come and go
+# between passes; real cycles are still collected, only after more allocations.
+_GC_GEN0_THRESHOLD = 20_000
+
+
+def _tune_gc() -> None:
+    gen0, gen1, gen2 = gc.get_threshold()
+    if 0 < gen0 < _GC_GEN0_THRESHOLD:  # 0: the collector is off; leave it so
+        gc.set_threshold(_GC_GEN0_THRESHOLD, gen1, gen2)
+
+
 async def _on_startup(app: web.Application) -> None:
+    _tune_gc()
     state = app[STATE]
     state.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=256))
     seen: set[int] = set()

@@ -2,9 +2,15 @@
 exposes (bytes from ids, repairs by alignment, ambiguous positions, collisions, sentinels).
 
 Each app owns its registry, so several apps in one process (tests, the demo) never collide.
+
+Labelled children are looked up once and kept (`child`, `ReportCounters`): prometheus_client's
+`labels()` validates, stringifies and locks on every call, which adds up per stream chunk. A child
+is still created at the first update that needs it, so the exposition shows the same series.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -49,16 +55,78 @@ class Metrics:
         self.refused = Counter("gateway_requests_refused_unsupported",
                                "Requests refused because the route cannot serve them", ["model", "route", "param"],
                                registry=r)
+        self._children: dict[tuple[Any, ...], Any] = {}
+        self._reports: dict[tuple[str, str], ReportCounters] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, remembered (label values must be strings)."""
+        key = (metric, *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
+    def report_counters(self, model: str, upstream: str) -> ReportCounters:
+        """The translation counters of one route, to count many reports cheaply."""
+        found = self._reports.get((model, upstream))
+        if found is None:
+            found = self._reports[(model, upstream)] = ReportCounters(self, model, upstream)
+        return found
 
     def count_report(self, model: str, upstream: str, report: TranslationReport | None) -> None:
-        if report is None:
-            return
-        for counter, value in ((self.from_ids, report.from_ids), (self.aligned, report.aligned),
-                               (self.ambiguous, len(report.ambiguous_positions)),
-                               (self.ambiguous_candidates, report.ambiguous_candidates),
-                               (self.collisions, report.collisions), (self.sentinels, report.sentinels)):
-            if value:
-                counter.labels(model, upstream).inc(value)
+        if report is not None:
+            self.report_counters(model, upstream).count(report)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ReportCounters:
+    """What parsing repaired, summed into one route's counters (children made on first use).
+
+    `count` adds one report now. A stream adds each chunk's report with `add` (cheap: no lock, no
+    label lookup) and calls `flush` now and then and when it ends. The pending sums are shared by
+    every request of the route; whichever flushes counts them all.
+    """
+
+    _NAMES = ("from_ids", "aligned", "ambiguous", "ambiguous_candidates", "collisions", "sentinels")
+
+    __slots__ = ("_children", "_labels", "_metrics", "_pending")
+
+    def __init__(self, metrics: Metrics, model: str, upstream: str) -> None:
+        self._metrics = metrics
+        self._labels = (model, upstream)
+        self._children: list[Any] = [None] * 6
+        self._pending = [0] * 6
+
+    def count(self, report: TranslationReport | None) -> None:
+        if report is not None:
+            self.add(report)
+            self.flush()
+
+    def add(self, report: TranslationReport | None) -> None:
+        if report is None:
+            return
+        pending = self._pending
+        if report.from_ids:
+            pending[0] += report.from_ids
+        if report.aligned:
+            pending[1] += report.aligned
+        if report.ambiguous_positions:
+            pending[2] += len(report.ambiguous_positions)
+        if report.ambiguous_candidates:
+            pending[3] += report.ambiguous_candidates
+        if report.collisions:
+            pending[4] += report.collisions
+        if report.sentinels:
+            pending[5] += report.sentinels
+
+    def flush(self) -> None:
+        pending = self._pending
+        for index, value in enumerate(pending):
+            if value:
+                child = self._children[index]
+                if child is None:
+                    child = self._children[index] = getattr(self._metrics, self._NAMES[index]).labels(*self._labels)
+                pending[index] = 0
+                child.inc(value)

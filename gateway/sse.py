@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from contextlib import aclosing
 from typing import Any
 
@@ -11,13 +11,29 @@ import orjson
 
 def encode_event(event: dict[str, Any]) -> bytes:
     """One Responses frame: `event: <type>` and a single `data:` line, closed by a blank line."""
-    kind = event["type"]
-    if kind in _REPEATING:
-        event = _with_shared_logprobs(event)
-        if kind in _TERMINAL:
-            _memo.clear()  # the message is complete: nothing later repeats its list
-    # One copy of the (possibly large) JSON, not one per `+`.
-    return b"".join((b"event: ", kind.encode(), b"\ndata: ", orjson.dumps(event), b"\n\n"))
+    return encode_events((event,))
+
+
+def encode_events(events: Iterable[dict[str, Any]]) -> bytes:
+    """Frames one after another, as `encode_event` makes each, joined in one copy."""
+    parts: list[bytes] = []
+    dumps = orjson.dumps
+    for event in events:
+        kind = event["type"]
+        head = _HEADS.get(kind)
+        if head is None:
+            head = b"".join((b"event: ", kind.encode(), b"\ndata: "))
+            if len(_HEADS) < 256:  # event types are a small fixed set; never grow without bound
+                _HEADS[kind] = head
+        if kind in _REPEATING:
+            event = _with_shared_logprobs(event)
+            if kind in _TERMINAL:
+                _memo.clear()  # the message is complete: nothing later repeats its list
+        parts += (head, dumps(event), b"\n\n")
+    return b"".join(parts)
+
+
+_HEADS: dict[str, bytes] = {}  # event type -> b"event: <type>\ndata: "
 
 
 # The frames that close a message each repeat its whole `logprobs` list (the text's `.done`, the
@@ -68,48 +84,77 @@ async def data_payloads(lines: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
     `lines` yields lines (aiohttp's StreamReader does, and has `iter_any`: then whatever has
     arrived is split here, one await per network read instead of one per line).
     """
-    buffer: list[bytes] = []
-    source = _lines_of(lines) if hasattr(lines, "iter_any") else _stripped(lines)
-    async with aclosing(source):
-        async for batch in source:
-            for line in batch:
-                if not line:
-                    if buffer:
-                        data = b"\n".join(buffer) if len(buffer) > 1 else buffer[0]
-                        buffer = []
-                        if data.strip() == b"[DONE]":
-                            return
-                        yield data
-                    continue
-                if line.startswith(b"data:"):
-                    buffer.append(line[6:] if line.startswith(b"data: ") else line[5:])
-                # `event:`, `id:`, `retry:` and comments carry nothing we need from a chat/completions server.
+    async with aclosing(data_batches(lines)) as batches:
+        async for batch in batches:
+            for data in batch:
+                yield data
+
+
+async def data_batches(lines: AsyncIterable[bytes]) -> AsyncIterator[list[bytes]]:
+    """`data_payloads`, a list at a time: the events completed by one read come together (never
+    an empty list), so a caller can answer a whole network read with one write."""
+    buffer: list[bytes] = []  # the data lines of an event whose blank line has not arrived
+    if hasattr(lines, "iter_any"):
+        pending: list[bytes] = []  # the start of a line whose end has not arrived
+        async for chunk in lines.iter_any():
+            if b"\n" not in chunk:
+                pending.append(chunk)
+                continue
+            if pending:
+                pending.append(chunk)
+                chunk = b"".join(pending)
+                pending = []
+            split = chunk.split(b"\n")
+            rest = split.pop()
+            if rest:
+                pending.append(rest)
+            if b"\r" in chunk:
+                split = [line.rstrip(b"\r") for line in split]
+            payloads, done = _events(split, buffer)
+            if payloads:
+                yield payloads
+            if done:
+                return
+        if pending:
+            payloads, done = _events([b"".join(pending).rstrip(b"\r\n")], buffer)
+            if payloads:
+                yield payloads
+            if done:
+                return
+    else:
+        async with aclosing(_stripped(lines)) as source:
+            async for line in source:
+                payloads, done = _events((line,), buffer)
+                if payloads:
+                    yield payloads
+                if done:
+                    return
     if buffer:
         data = b"\n".join(buffer)
         if data.strip() != b"[DONE]":
-            yield data
+            yield [data]
 
 
-async def _stripped(lines: AsyncIterable[bytes]) -> AsyncIterator[list[bytes]]:
-    async for raw in lines:
-        yield [raw.rstrip(b"\r\n")]
+def _events(lines: Iterable[bytes], buffer: list[bytes]) -> tuple[list[bytes], bool]:
+    """The data of each event these lines (line ends removed) complete, and whether `[DONE]` came.
 
-
-async def _lines_of(reader: Any) -> AsyncIterator[list[bytes]]:
-    """Batches of complete lines (line ends removed) from a reader's `iter_any` chunks."""
-    pending: list[bytes] = []  # the start of a line whose end has not arrived
-    async for chunk in reader.iter_any():
-        if b"\n" not in chunk:
-            pending.append(chunk)
+    `buffer` holds the data lines of the event in progress, from one call to the next."""
+    payloads: list[bytes] = []
+    for line in lines:
+        if not line:
+            if buffer:
+                data = b"\n".join(buffer) if len(buffer) > 1 else buffer[0]
+                buffer.clear()
+                if data.strip() == b"[DONE]":
+                    return payloads, True
+                payloads.append(data)
             continue
-        if pending:
-            pending.append(chunk)
-            chunk = b"".join(pending)
-            pending = []
-        lines = chunk.split(b"\n")
-        rest = lines.pop()
-        if rest:
-            pending.append(rest)
-        yield [line.rstrip(b"\r") for line in lines]
-    if pending:
-        yield [b"".join(pending).rstrip(b"\r\n")]
+        if line.startswith(b"data:"):
+            buffer.append(line[6:] if line.startswith(b"data: ") else line[5:])
+        # `event:`, `id:`, `retry:` and comments carry nothing we need from a chat/completions server.
+    return payloads, False
+
+
+async def _stripped(lines: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    async for raw in lines:
+        yield raw.rstrip(b"\r\n")

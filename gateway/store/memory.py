@@ -8,6 +8,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 from gateway.store import Item
 
 
@@ -31,7 +33,9 @@ class MemoryStore:
         response_id = response["id"]
         self._entries.pop(response_id, None)
         # Deep copies: the caller's dicts live on in the request handler (and in events already sent).
-        self._entries[response_id] = (now, copy.deepcopy(response), copy.deepcopy(input_items))
+        # The response through JSON, as the other backends store it: its logprobs may be pre-serialized
+        # JSON (orjson.Fragment), which copy.deepcopy cannot copy.
+        self._entries[response_id] = (now, orjson.loads(orjson.dumps(response)), copy.deepcopy(input_items))
         cutoff = now - self.ttl_seconds
         while self._entries:
             oldest_id, (saved_at, _, _) = next(iter(self._entries.items()))

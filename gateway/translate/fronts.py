@@ -68,11 +68,15 @@ class _Front:
 
 
 class ResponsesFront(_Front):
-    def __init__(self, settings: ResponseSettings, vocab: Vocab | None = None) -> None:
-        self.stream = ResponsesStream(settings, vocab=vocab)
+    def __init__(self, settings: ResponseSettings, vocab: Vocab | None = None, *, serialized: bool = False,
+                 deltas: bool = True) -> None:
+        # The server passes serialized=True (it only serializes) and deltas=False when not streaming.
+        self.stream = ResponsesStream(settings, vocab=vocab, serialized=serialized, deltas=deltas)
 
     def feed_step(self, step: Step) -> list[dict[str, Any]]:
         """Reasoning, then message text, then tool calls: the order a model writes them in."""
+        if not step.reasoning and not step.reasoning_tokens and not step.tool_calls:
+            return self.stream.feed(step.tokens, step.text)  # plain text: the other two add nothing
         events = self.stream.feed_reasoning(step.reasoning, step.reasoning_tokens)
         events += self.stream.feed(step.tokens, step.text)
         return events + self.stream.feed_tool_calls(step.tool_calls)
@@ -93,6 +97,8 @@ class ChatFront(_Front):
                                  include_usage=include_usage, vocab=vocab)
 
     def feed_step(self, step: Step) -> list[dict[str, Any]]:
+        if not step.reasoning and not step.tool_calls:
+            return self.stream.feed(step.tokens, step.text)  # plain text: the other two add nothing
         chunks = self.stream.feed_reasoning(step.reasoning)
         chunks += self.stream.feed(step.tokens, step.text)
         return chunks + self.stream.feed_tool_calls(step.tool_calls)

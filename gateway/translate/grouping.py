@@ -20,12 +20,18 @@ class TextMismatch(ValueError):
     """The upstream sent text its logprobs do not cover: the logprobs cannot describe the output."""
 
 
+_AMBIGUOUS = Origin.AMBIGUOUS
+
+
 class TextGrouper:
     def __init__(self, vocab: Vocab | None = None) -> None:
         self._vocab = vocab
         self._pending: list[Token] = []
         self._pending_bytes = bytearray()
-        self._upstream_text = ""
+        # The upstream's text so far is only ever measured and its first character looked at:
+        # keep those, not a string copied again at every step.
+        self._upstream_chars = 0
+        self._upstream_head = ""  # the first non-empty text the upstream reported
         self._first_token_seen = False
         self._text_led = False
         self._held: list[Token] = []
@@ -33,9 +39,16 @@ class TextGrouper:
 
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[Group]:
         """One upstream step: its tokens (exact bytes where known) and the text it reported."""
-        self._upstream_text += upstream_text
-        tokens = list(tokens)
-        lossy = any(token.origin is Origin.AMBIGUOUS for token in tokens)
+        if upstream_text:
+            if not self._upstream_chars:
+                self._upstream_head = upstream_text
+            self._upstream_chars += len(upstream_text)
+        if type(tokens) is not list:
+            tokens = list(tokens)
+        if len(tokens) == 1:
+            lossy = tokens[0].origin is _AMBIGUOUS
+        else:
+            lossy = any(token.origin is _AMBIGUOUS for token in tokens)
         if not self._pending and (lossy or self._text_led or (not tokens and upstream_text)):
             self._text_led = self._text_led or lossy
             self._held += [t for t in tokens if not t.special]
@@ -49,19 +62,28 @@ class TextGrouper:
         for token in tokens:
             if token.special:
                 continue  # control tokens spell no text
-            token = self._first_visible(token)
-            self._pending.append(token)
-            self._pending_bytes += token.bytes
+            if not self._first_token_seen:
+                token = self._first_visible(token)
+            pending = self._pending
+            pending.append(token)
+            if len(pending) == 1:
+                data = token.bytes  # nothing waiting: decode the token's own bytes, no copy
+            else:
+                self._pending_bytes += token.bytes
+                data = self._pending_bytes
             try:
-                text = self._pending_bytes.decode("utf-8")
+                text = data.decode("utf-8")
             except UnicodeDecodeError as err:
                 if err.reason == "unexpected end of data":
-                    continue  # the character completes in a later token
-                text = self._pending_bytes.decode("utf-8", errors="replace")  # truly invalid bytes
-            groups.append((text, self._pending))
+                    if len(pending) == 1:
+                        self._pending_bytes += data  # the character completes in a later token
+                    continue
+                text = data.decode("utf-8", errors="replace")  # truly invalid bytes
+            groups.append((text, pending))
             self._emitted_chars += len(text)
             self._pending = []
-            self._pending_bytes = bytearray()
+            if len(pending) > 1:
+                self._pending_bytes = bytearray()
         return groups
 
     def _first_visible(self, token: Token) -> Token:
@@ -69,7 +91,7 @@ class TextGrouper:
         if self._first_token_seen:
             return token
         self._first_token_seen = True
-        if token.bytes.startswith(b" ") and self._upstream_text and not self._upstream_text.startswith(" "):
+        if token.bytes.startswith(b" ") and self._upstream_head and not self._upstream_head.startswith(" "):
             return Token(token.bytes[1:], token.logprob, token.top, token.token_id, token.special, token.origin,
                          token.top_absent)
         return token
@@ -79,9 +101,9 @@ class TextGrouper:
 
         In a text-led stream an empty string after the last text is the end-of-sequence token,
         unless generation was cut by length."""
-        if len(self._upstream_text) > self._emitted_chars + len(self._pending_bytes):
+        if self._upstream_chars > self._emitted_chars + len(self._pending_bytes):
             # More text than the logprobs spell (tokens beyond the text are tolerated: a stop string).
-            raise TextMismatch(f"the upstream sent {len(self._upstream_text)} characters of text but logprobs "
+            raise TextMismatch(f"the upstream sent {self._upstream_chars} characters of text but logprobs "
                                f"for only {self._emitted_chars}")
         held = self._held if finish_reason == "length" else [t for t in self._held if t.bytes]
         dangling = self._pending + held

@@ -47,7 +47,8 @@ class ResponseSettings:
     verbosity: str = "medium"
 
 
-def output_text_part(text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:
+def output_text_part(text: str, logprobs: Any) -> dict[str, Any]:
+    """`logprobs`: the entries, or an `orjson.Fragment` of their JSON (see stream.ResponsesStream)."""
     return {"type": "output_text", "annotations": [], "logprobs": logprobs, "text": text}
 
 

@@ -20,7 +20,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.logprobs.render import render_responses
+import orjson
+
+from gateway.logprobs.render import render_responses, render_responses_json
 from gateway.logprobs.tokens import Token
 from gateway.logprobs.vocab import Vocab
 from gateway.translate.grouping import TextGrouper
@@ -70,18 +72,80 @@ def _call_id(upstream_id: str | None) -> str:
     return upstream_id if upstream_id.startswith("call_") else f"call_{upstream_id}"
 
 
+Logprobs = list[dict[str, Any]] | orjson.Fragment
+
+
+class _MessageLogprobs:
+    """The message's logprob entries, as its reader wants them.
+
+    As dicts for code that reads them; as JSON (`orjson.Fragment`) for the server, which only
+    serializes them: each delta's array is written once by the compiled renderer and the message's
+    whole list is joined from those arrays, so no entry dict is built or kept (several times faster,
+    a fraction of the memory per open stream). Without delta events (a non-streamed Response) the
+    tokens wait and are rendered once, at the end.
+    """
+
+    def __init__(self, k: int, serialized: bool) -> None:
+        self.k = k
+        self.serialized = serialized
+        self._dicts: list[dict[str, Any]] = []
+        self._parts: list[bytes] = []  # JSON arrays, one per delta
+        self._waiting: list[Token] = []
+        self._joined: orjson.Fragment | None = None
+
+    def delta(self, tokens: list[Token]) -> Logprobs:
+        """The entries of one delta event, also kept for the message."""
+        if not self.serialized:
+            entries = render_responses(tokens, self.k)
+            self._dicts.extend(entries)
+            return entries
+        part = render_responses_json(tokens, self.k)
+        self._parts.append(part)
+        self._joined = None
+        return orjson.Fragment(part)
+
+    def keep(self, tokens: list[Token]) -> None:
+        """Tokens of text that gets no delta event: rendered with the rest when the list is asked for."""
+        self._waiting.extend(tokens)
+        self._joined = None
+
+    def whole(self) -> Logprobs:
+        if self._waiting:
+            if self.serialized:
+                self._parts.append(render_responses_json(self._waiting, self.k))
+            else:
+                self._dicts.extend(render_responses(self._waiting, self.k))
+            self._waiting = []
+        if not self.serialized:
+            return self._dicts
+        if self._joined is None:
+            if len(self._parts) == 1:
+                self._joined = orjson.Fragment(self._parts[0])
+            else:
+                inner = b",".join([part[1:-1] for part in self._parts if len(part) > 2])
+                self._joined = orjson.Fragment(b"[" + inner + b"]")
+        return self._joined
+
+
 class ResponsesStream:
-    """One Responses stream (or non-streamed Response), built token by token."""
+    """One Responses stream (or non-streamed Response), built token by token.
+
+    `serialized`: the message's logprobs come out as `orjson.Fragment`s (JSON written once), for a
+    caller that only serializes what it gets (the server). `deltas`: False when no
+    `output_text.delta` events are wanted (a non-streamed Response): text and tokens are only kept.
+    """
 
     def __init__(self, settings: ResponseSettings, *, response_id: str | None = None,
-                 created_at: int | None = None, vocab: Vocab | None = None) -> None:
+                 created_at: int | None = None, vocab: Vocab | None = None, serialized: bool = False,
+                 deltas: bool = True) -> None:
         self.settings = settings
         self.response_id = response_id or new_id("resp")
         self.message_id = new_id("msg")
         self.created_at = created_at if created_at is not None else int(time.time())
         self._sequence = 0
         self._text: list[str] = []
-        self._logprobs: list[dict[str, Any]] = []
+        self._logprobs = _MessageLogprobs(settings.top_logprobs, serialized)
+        self._with_deltas = deltas
         self._grouper = TextGrouper(vocab)
         # Output items in order: the message (as _MESSAGE), reasoning items and function calls.
         self._items: list[_Reasoning | _Call | str] = []
@@ -161,30 +225,33 @@ class ResponsesStream:
         events = self._message_deltas(self._grouper.finish("length" if status == "incomplete" else None))
         self._message_status = status
         index = self._message_index
-        part = output_text_part(self.text, self._logprobs)
+        logprobs = self.logprobs
+        part = output_text_part(self.text, logprobs)
         events.append(self._event("response.output_text.done", item_id=self.message_id, output_index=index,
-                                  content_index=0, text=self.text, logprobs=self._logprobs))
+                                  content_index=0, text=self.text, logprobs=logprobs))
         events.append(self._event("response.content_part.done", item_id=self.message_id, output_index=index,
                                   content_index=0, part=part))
         events.append(self._event("response.output_item.done", output_index=index,
                                   item=message_item(self.message_id, status, [part])))
         return events
 
-    def _delta(self, text: str, tokens: list[Token]) -> dict[str, Any]:
-        entries = self._entries(tokens)
+    def _delta(self, text: str, tokens: list[Token]) -> dict[str, Any] | None:
         self._text.append(text)
-        self._logprobs.extend(entries)
+        if not self._with_deltas:
+            if self.settings.include_logprobs:
+                self._logprobs.keep(tokens)
+            return None
+        entries = self._entries(tokens)
         # Built in place (one event per character of output): the same dict `_event` would build.
         event = {"type": "response.output_text.delta", "sequence_number": self._sequence, "item_id": self.message_id,
                  "output_index": self._message_index, "content_index": 0, "delta": text, "logprobs": entries}
         self._sequence += 1
         return event
 
-    def _entries(self, tokens: Iterable[Token]) -> list[dict[str, Any]]:
+    def _entries(self, tokens: Iterable[Token]) -> Logprobs:
         if not self.settings.include_logprobs:
             return []
-        k = self.settings.top_logprobs
-        return render_responses(tokens if isinstance(tokens, list) else list(tokens), k)
+        return self._logprobs.delta(tokens if isinstance(tokens, list) else list(tokens))
 
     # --- input --------------------------------------------------------------------------------
 
@@ -201,11 +268,14 @@ class ResponsesStream:
                 if self._message_status is not None:
                     raise UpstreamFormatError("message text continued after a tool call began")
                 events.extend(self._open_message())
-            events.append(self._delta(text, tokens))
+            event = self._delta(text, tokens)
+            if event is not None:
+                events.append(event)
         return events
 
     def _message_deltas(self, groups: list[tuple[str, list[Token]]]) -> list[dict[str, Any]]:
-        return [self._delta(text, tokens) for text, tokens in groups]
+        events = [self._delta(text, tokens) for text, tokens in groups]
+        return [event for event in events if event is not None]
 
     def feed_reasoning(self, text: str | None, tokens: Iterable[Token] = ()) -> list[dict[str, Any]]:
         """Thinking text from a reasoning parser. Its tokens are counted, never shown as logprobs."""
@@ -264,8 +334,9 @@ class ResponsesStream:
         return "".join(self._text)
 
     @property
-    def logprobs(self) -> list[dict[str, Any]]:
-        return self._logprobs
+    def logprobs(self) -> Logprobs:
+        """The message's entries so far (a Fragment of their JSON when `serialized`)."""
+        return self._logprobs.whole()
 
     def _end(self, finish_reason: str | None) -> tuple[list[dict[str, Any]], str, str | None]:
         """Flush held tokens, make sure there is an output item, close the open one."""
@@ -299,7 +370,7 @@ class ResponsesStream:
         for item in self._items:
             if item == _MESSAGE:
                 status = self._message_status or open_status
-                output.append(message_item(self.message_id, status, [output_text_part(self.text, self._logprobs)]))
+                output.append(message_item(self.message_id, status, [output_text_part(self.text, self.logprobs)]))
             else:
                 assert not isinstance(item, str)
                 output.append(item.item(item.status or open_status))

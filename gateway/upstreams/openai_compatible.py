@@ -54,17 +54,24 @@ class Flavor:
 # --- responses ----------------------------------------------------------------------------------
 
 
+def _is_mapping(value: Any) -> bool:
+    # JSON gives dicts: skip the (slower) ABC check for them and for None.
+    return type(value) is dict or (value is not None and isinstance(value, Mapping))
+
+
 def _choice(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    if isinstance(body.get("error"), Mapping):
+    error = body.get("error")
+    if error is not None and _is_mapping(error):
         raise UpstreamFormatError(f"upstream error: {body['error'].get('message', body['error'])}")
     choices = body.get("choices")
     if not isinstance(choices, list):
         raise UpstreamFormatError("upstream body has no choices list")
     if not choices:
         return None  # the usage-only chunk at the end of a stream
-    if not isinstance(choices[0], Mapping):
+    choice = choices[0]
+    if not _is_mapping(choice):
         raise UpstreamFormatError("upstream choice is not an object")
-    return choices[0]
+    return choice
 
 
 def _usage(body: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -94,13 +101,21 @@ def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool
     if not isinstance(text, str):
         raise UpstreamFormatError("upstream content is not a string")
     logprobs = choice.get("logprobs")
-    content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
-    reasoning = _reasoning(container)
-    tool_calls = _tool_calls(container.get("tool_calls"))
+    content = logprobs.get("content") if _is_mapping(logprobs) else None
+    reasoning = _reasoning(container) if "reasoning" in container or "reasoning_content" in container else None
+    raw_calls = container.get("tool_calls")
+    tool_calls = _tool_calls(raw_calls) if raw_calls else []
     if reasoning is None and not tool_calls:
-        parsed = _logprobs_or_fail(parse_chat, content, options, _text_bound(streaming, text))
+        # The common chunk, once per token of a stream: `_logprobs_or_fail` and `_usage` written out.
+        try:
+            parsed = parse_chat(content, options, None if streaming else text)
+        except LogprobParseError as exc:
+            raise UpstreamFormatError(f"upstream logprobs unreadable: {exc}") from None
         tokens = parsed.tokens if text or not streaming else [_hide_control(t) for t in parsed.tokens]
-        return Step(text, tokens, choice.get("finish_reason"), _usage(body), report=parsed.report)
+        usage = body.get("usage")
+        step = Step(text, tokens, choice.get("finish_reason"), usage if isinstance(usage, dict) else None)
+        step.report = parsed.report  # set, not passed: a keyword argument doubles the cost of the call
+        return step
     step = Step(text, [], choice.get("finish_reason"), _usage(body), reasoning=reasoning, tool_calls=tool_calls)
     _set_aside(step, content, options, streaming)
     return step
@@ -199,7 +214,7 @@ def completions_step(body: Mapping[str, Any], options: ParseOptions, *, streamin
         raise UpstreamFormatError("upstream text is not a string")
     logprobs = choice.get("logprobs")
     parsed = Parsed([])
-    if isinstance(logprobs, Mapping):
+    if _is_mapping(logprobs):
         bound = _text_bound(streaming, text)
         if chat_shaped:
             parsed = _logprobs_or_fail(parse_chat, logprobs.get("content"), options, bound)

@@ -1,0 +1,70 @@
+"""The server's translator mode (logprobs kept as JSON written once; no delta events when not streaming)
+gives byte for byte what the plain mode gives, streamed and whole, for awkward tokens too."""
+
+import orjson
+import pytest
+
+from gateway.logprobs.tokens import Candidate, Token
+from gateway.sse import encode_event
+from gateway.translate.response_object import ResponseSettings
+from gateway.translate.stream import ResponsesStream
+
+CRAB = "🦀".encode()
+
+
+def _steps():
+    """Upstream steps: whole tokens, a character split over three steps, a sentinel, broken bytes last."""
+    top = (Candidate(b" b", -1.5, 11), Candidate(b"\xe6", -0.7, 12), Candidate(b" a", -0.5, 13))
+    yield [Token(b"Hello", -0.25, top, 1), Token(b",", -0.5, (), 2)], "Hello,"
+    yield [Token(CRAB[:2], -0.1, top, 3)], ""
+    yield [Token(CRAB[2:3], -0.2, (), 4)], ""
+    yield [Token(CRAB[3:], float("-inf"), top, 5), Token(b' "q"\n', -3.0, top, 6)], '🦀 "q"\n'
+    yield [Token(b"\xe6\xa0", -0.3, top, 7)], ""  # a length cap inside a character: dangling bytes
+
+
+def _run(settings, *, serialized, deltas):
+    stream = ResponsesStream(settings, response_id="resp_1", created_at=1, serialized=serialized, deltas=deltas)
+    stream.message_id = "msg_1"
+    events = stream.start()
+    for tokens, text in _steps():
+        events += stream.feed(tokens, text)
+    events += stream.finish("length", {"input_tokens": 1, "output_tokens": 7})
+    for event in events:
+        response = event.get("response") or {}
+        response.pop("completed_at", None)  # a clock reading
+    return events
+
+
+@pytest.mark.parametrize("k", [0, 2, 5])
+@pytest.mark.parametrize("include", [True, False])
+def test_serialized_stream_frames_equal_the_plain_ones(k, include):
+    settings = ResponseSettings(model="m", top_logprobs=k, include_logprobs=include)
+    plain = [encode_event(e) for e in _run(settings, serialized=False, deltas=True)]
+    serialized = [encode_event(e) for e in _run(settings, serialized=True, deltas=True)]
+    assert serialized == plain
+    final = orjson.loads(plain[-1].split(b"data: ", 1)[1])["response"]
+    entries = final["output"][0]["content"][0]["logprobs"]
+    assert len(entries) == (7 if include else 0)
+    if include:
+        assert b"".join(bytes(e["bytes"]) for e in entries).startswith(('Hello,🦀 "q"\n').encode())
+
+
+@pytest.mark.parametrize("serialized", [True, False])
+def test_without_delta_events_the_response_is_the_same(serialized):
+    settings = ResponseSettings(model="m", top_logprobs=2, include_logprobs=True)
+    streamed = _run(settings, serialized=False, deltas=True)
+    whole = _run(settings, serialized=serialized, deltas=False)
+    assert not [e for e in whole if e["type"] == "response.output_text.delta"]
+    assert orjson.dumps(whole[-1]["response"]) == orjson.dumps(streamed[-1]["response"])
+
+
+def test_the_plain_mode_still_hands_out_dicts():
+    stream = ResponsesStream(ResponseSettings(model="m", top_logprobs=1, include_logprobs=True))
+    stream.feed([Token(b"hi", -0.5, (Candidate(b"ho", -1.0, 2),), 1)], "hi")
+    assert stream.logprobs == [{"token": "hi", "logprob": -0.5, "bytes": [104, 105],
+                                "top_logprobs": [{"token": "ho", "logprob": -1.0, "bytes": [104, 111]}]}]
+    serialized = ResponsesStream(ResponseSettings(model="m", top_logprobs=1, include_logprobs=True),
+                                 serialized=True)
+    serialized.feed([Token(b"hi", -0.5, (Candidate(b"ho", -1.0, 2),), 1)], "hi")
+    assert isinstance(serialized.logprobs, orjson.Fragment)  # JSON written once, no dicts kept
+    assert orjson.dumps(serialized.logprobs) == orjson.dumps(stream.logprobs)
