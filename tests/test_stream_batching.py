@@ -257,3 +257,29 @@ def test_metric_children_are_the_labelled_series_and_appear_only_once_used():
     assert 'gateway_logprob_ambiguous_positions_total{model="m",upstream="u"} 2.0' in text
     assert 'gateway_logprob_tokens_aligned_total{model="m",upstream="u"} 1.0' in text
     assert "gateway_logprob_collisions_resolved_total{" not in text  # never counted: no series
+
+
+def _strict(data):
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.reason == "unexpected end of data":
+            return None
+        return data.decode("utf-8", errors="replace")
+
+
+def test_grouping_decodes_like_the_strict_decoder_without_its_exceptions():
+    import itertools
+
+    from gateway.translate.grouping import _decoded
+
+    for length in (1, 2):
+        for values in itertools.product(range(256), repeat=length):
+            data = bytes(values)
+            assert _decoded(data) == _strict(data), data
+    edges = [0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xE1, 0xEC, 0xED,
+             0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5, 0xFF]
+    for length in (3, 4):
+        for values in itertools.product(edges, repeat=length):
+            data = bytes(values)
+            assert _decoded(data) == _decoded(bytearray(data)) == _strict(data), data

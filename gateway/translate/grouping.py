@@ -7,6 +7,7 @@ Shared by every front door's streaming translator.
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterable
 
 from gateway.logprobs.realign import realign
@@ -21,6 +22,35 @@ class TextMismatch(ValueError):
 
 
 _AMBIGUOUS = Origin.AMBIGUOUS
+_utf_8_decode = codecs.utf_8_decode
+# Lead bytes whose second byte has a narrower range than 80..BF (RFC 3629), and that range.
+_SECOND_BYTE = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+
+
+def _decoded(data: bytes | bytearray) -> str | None:
+    """`data.decode()`, or None where that fails with "unexpected end of data" (the last character
+    is unfinished: a later token completes it); truly invalid bytes become U+FFFD.
+
+    The same answers as catching the strict decoder's error, without raising one for every token
+    that ends inside a character (most of a CJK or emoji stream's): the incremental decoder stops
+    before an unfinished last character instead. It also stops before a few invalid endings (a
+    surrogate's first two bytes, say); those go to the strict decoder to judge.
+    """
+    try:
+        text, used = _utf_8_decode(data, "strict", False)
+    except UnicodeDecodeError:
+        return data.decode("utf-8", errors="replace")
+    if used == len(data):
+        return text
+    second = _SECOND_BYTE.get(data[used])
+    if second is None or used + 1 == len(data) or second[0] <= data[used + 1] <= second[1]:
+        return None
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.reason == "unexpected end of data":
+            return None
+    return data.decode("utf-8", errors="replace")
 
 
 class TextGrouper:
@@ -71,14 +101,11 @@ class TextGrouper:
             else:
                 self._pending_bytes += token.bytes
                 data = self._pending_bytes
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError as err:
-                if err.reason == "unexpected end of data":
-                    if len(pending) == 1:
-                        self._pending_bytes += data  # the character completes in a later token
-                    continue
-                text = data.decode("utf-8", errors="replace")  # truly invalid bytes
+            text = data.decode() if data.isascii() else _decoded(data)
+            if text is None:
+                if len(pending) == 1:
+                    self._pending_bytes += data  # the character completes in a later token
+                continue
             groups.append((text, pending))
             self._emitted_chars += len(text)
             self._pending = []
