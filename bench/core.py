@@ -87,13 +87,13 @@ def run(canned: dict[str, Any], seconds: float, ks: tuple[int, ...] = KS, only: 
         # module does is written out: pick the choice, parse its logprobs, feed the translator).
         choice = orjson.loads(raw)["choices"][0]
         tokens = parse_chat(choice["logprobs"]["content"], options).tokens
-        translator = ResponsesStream(settings)
+        translator = ResponsesStream(settings, serialized=True, deltas=False)  # as the server runs it
         translator.feed(tokens, choice["message"]["content"])
         return orjson.dumps(translator.final_response(choice["finish_reason"], None))
 
     def stream(payloads: list[bytes], api: str, settings: ResponseSettings) -> int:
         # ... and for a stream: every upstream chunk in, every Responses SSE frame out.
-        translator = ResponsesStream(settings)
+        translator = ResponsesStream(settings, serialized=True)
         size = sum(len(encode_event(e)) for e in translator.start())
         finish = None
         for data in payloads:

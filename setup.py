@@ -1,0 +1,11 @@
+"""The compiled twin of the logprob hot path (gateway/logprobs/_fastpath.c); the rest of the
+package is declared in pyproject.toml. `optional`: without a C compiler the install goes on and
+the pure-Python code (identical results, several times slower) runs.
+
+(Declared here rather than under [tool.setuptools.ext-modules], which setuptools still calls
+experimental.)
+"""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("gateway.logprobs._fastpath", ["gateway/logprobs/_fastpath.c"], optional=True)])
