@@ -1,11 +1,16 @@
 """The server's translator mode (logprobs kept as JSON written once; no delta events when not streaming)
 gives byte for byte what the plain mode gives, streamed and whole, for awkward tokens too."""
 
+import itertools
+
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.logprobs.tokens import Candidate, Token
 from gateway.sse import encode_event
+from gateway.translate.grouping import TextGrouper, TextMismatch
 from gateway.translate.response_object import ResponseSettings
 from gateway.translate.stream import ResponsesStream
 
@@ -68,3 +73,40 @@ def test_the_plain_mode_still_hands_out_dicts():
     serialized.feed([Token(b"hi", -0.5, (Candidate(b"ho", -1.0, 2),), 1)], "hi")
     assert isinstance(serialized.logprobs, orjson.Fragment)  # JSON written once, no dicts kept
     assert orjson.dumps(serialized.logprobs) == orjson.dumps(stream.logprobs)
+
+
+# --- one group per step when no delta events are wanted -------------------------------------------
+
+pieces = st.sampled_from(["a", " the", "🦀", "根据", "é", "\n", " 👋🏽"]).map(str.encode)
+
+
+@st.composite
+def steps(draw):
+    """A step's tokens: text cut at random byte offsets (inside characters too), maybe a control token,
+    maybe broken bytes; and the text the upstream reports (the same, without its leading space, or none)."""
+    data = b"".join(draw(st.lists(pieces, max_size=8)))
+    if draw(st.booleans()):
+        data += draw(st.sampled_from([b"\xff", b"\xe6\xa0", b"\xf0\x9f"]))
+    cuts = sorted(set(draw(st.lists(st.integers(0, len(data)), max_size=6))) | {0, len(data)})
+    tokens = [Token(data[a:b], -0.5, (), i) for i, (a, b) in enumerate(itertools.pairwise(cuts)) if b > a]
+    if tokens and draw(st.booleans()):
+        tokens.insert(draw(st.integers(0, len(tokens))), Token(b"", -0.1, (), 99, special=True))
+    text = data.decode("utf-8", errors="ignore")
+    upstream = draw(st.sampled_from([text, text.lstrip(" "), ""]))
+    return tokens, upstream
+
+
+def _grouped(method, tokens, upstream, finish_reason):
+    grouper = TextGrouper()
+    try:
+        groups = getattr(grouper, method)(tokens, upstream) + grouper.finish(finish_reason)
+    except TextMismatch as exc:
+        return "mismatch", str(exc)
+    return "".join(text for text, _ in groups), [tuple(t) for _, group in groups for t in group]
+
+
+@given(steps(), st.sampled_from(["stop", "length"]))
+@settings(max_examples=400)
+def test_one_group_per_step_sums_to_the_per_character_groups(step, finish_reason):
+    tokens, upstream = step
+    assert _grouped("feed_all", tokens, upstream, finish_reason) == _grouped("feed", tokens, upstream, finish_reason)

@@ -113,12 +113,48 @@ class TextGrouper:
                 self._pending_bytes = bytearray()
         return groups
 
+    def feed_all(self, tokens: Iterable[Token], upstream_text: str = "") -> list[Group]:
+        """`feed` for a caller that only needs the groups' sum (a non-streamed Response, no delta
+        events): one group for the whole step when its bytes are complete, valid UTF-8; otherwise `feed`.
+        The text and the tokens in order are what `feed`'s groups would hold, joined."""
+        if type(tokens) is not list:
+            tokens = list(tokens)
+        if self._pending or self._held or self._text_led or not tokens:
+            return self.feed(tokens, upstream_text)
+        visible = []
+        for token in tokens:
+            if token.origin is _AMBIGUOUS:
+                return self.feed(tokens, upstream_text)
+            if not token.special:
+                visible.append(token)
+        head = self._upstream_head if self._upstream_chars else upstream_text
+        if visible and not self._first_token_seen and self._drops_leading_space(visible[0], head):
+            first = visible[0]
+            visible[0] = Token(first.bytes[1:], first.logprob, first.top, first.token_id, first.special,
+                               first.origin, first.top_absent)
+        try:
+            text = b"".join([token.bytes for token in visible]).decode()
+        except UnicodeDecodeError:  # an unfinished or broken character: the per-token path decides
+            return self.feed(tokens, upstream_text)
+        if upstream_text:
+            if not self._upstream_chars:
+                self._upstream_head = upstream_text
+            self._upstream_chars += len(upstream_text)
+        if visible:
+            self._first_token_seen = True
+        self._emitted_chars += len(text)
+        return [(text, visible)] if visible else []
+
+    @staticmethod
+    def _drops_leading_space(token: Token, upstream_head: str) -> bool:
+        return token.bytes.startswith(b" ") and bool(upstream_head) and not upstream_head.startswith(" ")
+
     def _first_visible(self, token: Token) -> Token:
         """SentencePiece decoders drop the space their normalizer put before the first token."""
         if self._first_token_seen:
             return token
         self._first_token_seen = True
-        if token.bytes.startswith(b" ") and self._upstream_head and not self._upstream_head.startswith(" "):
+        if self._drops_leading_space(token, self._upstream_head):
             return Token(token.bytes[1:], token.logprob, token.top, token.token_id, token.special, token.origin,
                          token.top_absent)
         return token

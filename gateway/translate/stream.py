@@ -257,6 +257,8 @@ class ResponsesStream:
 
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]:
         """Take one upstream step of message text: its tokens (exact bytes) and the text delta it reported."""
+        if not self._with_deltas:  # only the sum of the groups is used: one per step where it can be
+            return self._deltas(self._grouper.feed_all(tokens, upstream_text))
         return self._deltas(self._grouper.feed(tokens, upstream_text))
 
     def _deltas(self, groups: list[tuple[str, list[Token]]]) -> list[dict[str, Any]]:
