@@ -410,30 +410,29 @@ distinct(PyObject *const *candidates, Py_ssize_t count)
     return 1;
 }
 
-/* One Responses/chat entry, or NULL with no error set when the token is not the plain shape. */
-static PyObject *
-render_plain(PyObject *record, Py_ssize_t k, int *not_mine)
+/* The plain shape of one token (bytes, a plain logprob, a tuple of distinct candidates with plain
+ * logprobs): its alternatives sorted (descending, stable) into `order`, and how many of them to keep;
+ * -1 when the token is not that shape (Python decides it then). */
+static Py_ssize_t
+plain_alternatives(PyObject *record, Py_ssize_t k, PyObject **order)
 {
-    *not_mine = 1;
     if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 3) {
-        return NULL;
+        return -1;
     }
-    PyObject *data = PyTuple_GET_ITEM(record, 0), *logprob = PyTuple_GET_ITEM(record, 1);
-    PyObject *top = PyTuple_GET_ITEM(record, 2);
-    if (!PyBytes_CheckExact(data) || !plain_logprob(logprob) || !PyTuple_CheckExact(top)) {
-        return NULL;
+    PyObject *data = PyTuple_GET_ITEM(record, 0), *top = PyTuple_GET_ITEM(record, 2);
+    if (!PyBytes_CheckExact(data) || !plain_logprob(PyTuple_GET_ITEM(record, 1)) || !PyTuple_CheckExact(top)) {
+        return -1;
     }
     Py_ssize_t count = k > 0 ? PyTuple_GET_SIZE(top) : 0;
     if (count > MAX_CANDIDATES) {
-        return NULL;
+        return -1;
     }
-    PyObject *order[MAX_CANDIDATES];
     double values[MAX_CANDIDATES];
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *cand = PyTuple_GET_ITEM(top, i);
         if (!PyTuple_Check(cand) || PyTuple_GET_SIZE(cand) < 3 || !PyBytes_CheckExact(PyTuple_GET_ITEM(cand, 0))
             || !plain_logprob(PyTuple_GET_ITEM(cand, 1))) {
-            return NULL;
+            return -1;
         }
         /* Insertion sort, descending, stable: an element moves only past strictly smaller ones. */
         double value = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(cand, 1));
@@ -447,10 +446,21 @@ render_plain(PyObject *record, Py_ssize_t k, int *not_mine)
         order[j] = cand;
     }
     if (count > 1 && distinct(order, count) != 1) {
+        return -1;
+    }
+    return k <= 0 ? 0 : (count < k ? count : k);
+}
+
+/* One Responses/chat entry, or NULL with no error set when the token is not the plain shape. */
+static PyObject *
+render_plain(PyObject *record, Py_ssize_t k, int *not_mine)
+{
+    PyObject *order[MAX_CANDIDATES];
+    Py_ssize_t kept = plain_alternatives(record, k, order);
+    *not_mine = kept < 0;
+    if (kept < 0) {
         return NULL;
     }
-    *not_mine = 0;
-    Py_ssize_t kept = k <= 0 ? 0 : (count < k ? count : k);
     PyObject *alternatives = untracked(PyList_New(kept));
     if (alternatives == NULL) {
         return NULL;
@@ -463,7 +473,7 @@ render_plain(PyObject *record, Py_ssize_t k, int *not_mine)
         }
         PyList_SET_ITEM(alternatives, i, alt);
     }
-    PyObject *result = entry(data, logprob, alternatives);
+    PyObject *result = entry(PyTuple_GET_ITEM(record, 0), PyTuple_GET_ITEM(record, 1), alternatives);
     Py_DECREF(alternatives);
     return result;
 }
@@ -634,45 +644,6 @@ write_entry_head(char *out, PyObject *data, const char *number, Py_ssize_t numbe
     }
     *out++ = ']';
     return out;
-}
-
-/* The plain shape of one token (see render_plain): its alternatives sorted and cut into `order`;
- * -1 when the token is not that shape. */
-static Py_ssize_t
-plain_alternatives(PyObject *record, Py_ssize_t k, PyObject **order)
-{
-    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 3) {
-        return -1;
-    }
-    PyObject *data = PyTuple_GET_ITEM(record, 0), *top = PyTuple_GET_ITEM(record, 2);
-    if (!PyBytes_CheckExact(data) || !plain_logprob(PyTuple_GET_ITEM(record, 1)) || !PyTuple_CheckExact(top)) {
-        return -1;
-    }
-    Py_ssize_t count = k > 0 ? PyTuple_GET_SIZE(top) : 0;
-    if (count > MAX_CANDIDATES) {
-        return -1;
-    }
-    double values[MAX_CANDIDATES];
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *cand = PyTuple_GET_ITEM(top, i);
-        if (!PyTuple_Check(cand) || PyTuple_GET_SIZE(cand) < 3 || !PyBytes_CheckExact(PyTuple_GET_ITEM(cand, 0))
-            || !plain_logprob(PyTuple_GET_ITEM(cand, 1))) {
-            return -1;
-        }
-        double value = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(cand, 1));
-        Py_ssize_t j = i;
-        while (j > 0 && values[j - 1] < value) {
-            values[j] = values[j - 1];
-            order[j] = order[j - 1];
-            j--;
-        }
-        values[j] = value;
-        order[j] = cand;
-    }
-    if (count > 1 && distinct(order, count) != 1) {
-        return -1;
-    }
-    return k <= 0 ? 0 : (count < k ? count : k);
 }
 
 /* render.render_responses_json: bytes of the JSON array of entries, or None when any token is not the
