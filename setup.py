@@ -8,4 +8,6 @@ experimental.)
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("gateway.logprobs._fastpath", ["gateway/logprobs/_fastpath.c"], optional=True)])
+setup(ext_modules=[Extension("gateway.logprobs._fastpath",
+                             ["gateway/logprobs/_fastpath.c", "gateway/logprobs/_fastpath_json.c"],
+                             depends=["gateway/logprobs/_fastpath.h"], optional=True)])

@@ -61,6 +61,7 @@ def _sse_payloads(frames: list[str]) -> list[bytes]:
 def run(canned: dict[str, Any], seconds: float, ks: tuple[int, ...] = KS, only: str | None = None
         ) -> list[dict[str, Any]]:
     from gateway.logprobs import convert
+    from gateway.logprobs.body_scan import load_chat_body
     from gateway.logprobs.parse import ParseOptions, parse_chat, parse_completions
     from gateway.logprobs.render import render_responses_json, visible_tokens
     from gateway.sse import encode_event
@@ -85,7 +86,7 @@ def run(canned: dict[str, Any], seconds: float, ks: tuple[int, ...] = KS, only: 
     def full_chat(raw: bytes, settings: ResponseSettings) -> bytes:
         # The gateway's whole CPU path for a non-streamed chat body minus sockets (what the dialect
         # module does is written out: pick the choice, parse its logprobs, feed the translator).
-        choice = orjson.loads(raw)["choices"][0]
+        choice = load_chat_body(raw, options)["choices"][0]
         tokens = parse_chat(choice["logprobs"]["content"], options).tokens
         translator = ResponsesStream(settings, serialized=True, deltas=False)  # as the server runs it
         translator.feed(tokens, choice["message"]["content"])
@@ -97,7 +98,7 @@ def run(canned: dict[str, Any], seconds: float, ks: tuple[int, ...] = KS, only: 
         size = sum(len(encode_event(e)) for e in translator.start())
         finish = None
         for data in payloads:
-            choices = orjson.loads(data)["choices"]
+            choices = (load_chat_body(data, options) if api == "chat" else orjson.loads(data))["choices"]
             if not choices:
                 continue
             choice = choices[0]

@@ -333,7 +333,7 @@ async def _complete(state: GatewayState, exchange: _Exchange, replica: Replica, 
     name = route.upstream_name
     try:
         async with upstream:
-            data = orjson.loads(await upstream.read())
+            data = call.load(await upstream.read(), options)
     except TimeoutError:
         route.replicas.failed(replica)
         raise upstream_timeout(f"upstream {name!r} timed out") from None
@@ -376,13 +376,13 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
         # Everything made from one network read goes out in one write. `items` holds what is not
         # written yet, so a failure partway through a read still sends the events before it.
         items: list[dict[str, Any]] = []
-        parse, loads, feed, reports = call.parse, orjson.loads, front.feed_step, exchange.reports
+        parse, load, feed, reports = call.parse, call.load, front.feed_step, exchange.reports
         # What parsing repaired reaches the counters at most a second late (and all of it at the end).
         flush_at = time.monotonic() + _REPORT_FLUSH_SECONDS
         try:
             async for batch in data_batches(upstream.content):
                 for data in batch:
-                    step = parse(loads(data), options, streaming=True)
+                    step = parse(load(data, options), options, streaming=True)
                     if step.usage:
                         exchange.step_usage = step.usage
                     if step.report is not None:

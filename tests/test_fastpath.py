@@ -24,7 +24,7 @@ from tests.test_parse_fast_paths import chat_contents, logprobs, strings
 pytestmark = pytest.mark.skipif(fastpath is None, reason="the C extension was not built (no compiler at install)")
 
 VOCAB = build_demo_vocab()
-TABLE, FLAGS = parse_module._id_table(VOCAB)
+TABLE, FLAGS = parse_module.id_table(VOCAB)
 SPECIAL_ID = next(i for i in range(len(VOCAB)) if VOCAB.is_special(i))
 
 

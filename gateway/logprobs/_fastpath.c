@@ -5,18 +5,13 @@
  * code does not: sentinels, duplicates, odd types and errors are all left to it. Property tests
  * (tests/test_fastpath.py) hold the twins equal.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <string.h>
+#include "_fastpath.h"
 
 static PyObject *key_token, *key_logprob, *key_bytes, *key_top_logprobs, *key_id, *key_special;
 
 /* Set once by configure(): the Token and Candidate classes and the Origin members. */
 static PyTypeObject *token_type, *candidate_type;
 static PyObject *origin_token_id;
-
-#define SENTINEL_LOGPROB (-9999.0)
-#define MAX_CANDIDATES 64 /* more alternatives than any server sends: left to Python */
 
 /* A float strictly between the sentinel and +inf: the value every reader and renderer keeps as is. */
 static inline int
@@ -56,20 +51,6 @@ placeholder_id(PyObject *string, PyObject *table)
     return PyTuple_GET_ITEM(table, id) == Py_None ? -1 : id;
 }
 
-/* Take a finished object out of the cycle collector. Everything built here is a tree of strings, numbers,
- * bytes and the Origin singleton: it cannot be part of a cycle, and leaving it tracked made the
- * collector walk every token and entry of every response again and again (measured: most of the
- * time of a 1,000-token response went to collections). Python code that later puts a container into
- * one of these dicts re-tracks it (CPython does that on insertion). */
-static inline PyObject *
-untracked(PyObject *object)
-{
-    if (object != NULL && PyObject_GC_IsTracked(object)) {
-        PyObject_GC_UnTrack(object);
-    }
-    return object;
-}
-
 /* An instance of a tuple subclass (a NamedTuple) with `count` slots, the token id in slot `id_slot`
  * and the others still to fill. */
 static PyObject *
@@ -88,8 +69,8 @@ new_record(PyTypeObject *type, Py_ssize_t count, Py_ssize_t id_slot, Py_ssize_t 
     return record;
 }
 
-static PyObject *
-candidate(PyObject *data, PyObject *logprob, Py_ssize_t id)
+PyObject *
+fp_candidate(PyObject *data, PyObject *logprob, Py_ssize_t id)
 {
     PyObject *record = new_record(candidate_type, 4, 2, id);
     if (record == NULL) {
@@ -98,11 +79,11 @@ candidate(PyObject *data, PyObject *logprob, Py_ssize_t id)
     PyTuple_SET_ITEM(record, 0, Py_NewRef(data));
     PyTuple_SET_ITEM(record, 1, Py_NewRef(logprob));
     PyTuple_SET_ITEM(record, 3, Py_NewRef(origin_token_id));
-    return untracked(record);
+    return fp_untracked(record);
 }
 
-static PyObject *
-token(PyObject *data, PyObject *logprob, PyObject *top, Py_ssize_t id, int special, int top_absent)
+PyObject *
+fp_token(PyObject *data, PyObject *logprob, PyObject *top, Py_ssize_t id, int special, int top_absent)
 {
     PyObject *record = new_record(token_type, 7, 3, id);
     if (record == NULL) {
@@ -114,7 +95,7 @@ token(PyObject *data, PyObject *logprob, PyObject *top, Py_ssize_t id, int speci
     PyTuple_SET_ITEM(record, 4, Py_NewRef(special ? Py_True : Py_False));
     PyTuple_SET_ITEM(record, 5, Py_NewRef(origin_token_id));
     PyTuple_SET_ITEM(record, 6, Py_NewRef(top_absent ? Py_True : Py_False));
-    return untracked(record);
+    return fp_untracked(record);
 }
 
 /* Look a key up in a dict; *found is NULL when absent. Returns -1 on an error (already set). */
@@ -125,19 +106,14 @@ lookup(PyObject *dict, PyObject *key, PyObject **found)
     return (*found == NULL && PyErr_Occurred()) ? -1 : 0;
 }
 
-static int
-check_configured(void)
+/* Ready to build records from `table` and `flags`: configured, and the two agree; -1 with an error set if not. */
+int
+fp_check_ready(PyObject *table, PyObject *flags)
 {
     if (token_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "_fastpath.configure() has not been called");
         return -1;
     }
-    return 0;
-}
-
-static int
-check_table(PyObject *table, PyObject *flags)
-{
     if (!PyTuple_CheckExact(table) || !PyBytes_CheckExact(flags) || PyBytes_GET_SIZE(flags) != PyTuple_GET_SIZE(table)) {
         PyErr_SetString(PyExc_TypeError, "table must be a tuple and flags bytes of the same length");
         return -1;
@@ -154,7 +130,7 @@ chat_from_ids(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *content = args[0], *table = args[1], *flags = args[2];
-    if (check_configured() < 0 || check_table(table, flags) < 0) {
+    if (fp_check_ready(table, flags) < 0) {
         return NULL;
     }
     if (!PyList_CheckExact(content)) {
@@ -209,7 +185,7 @@ chat_from_ids(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             if (alt_id < 0 || !plain_logprob(alt_logprob)) {
                 break;
             }
-            alternatives[made] = candidate(PyTuple_GET_ITEM(table, alt_id), alt_logprob, alt_id);
+            alternatives[made] = fp_candidate(PyTuple_GET_ITEM(table, alt_id), alt_logprob, alt_id);
             if (alternatives[made] == NULL) {
                 goto error_alternatives;
             }
@@ -220,7 +196,7 @@ chat_from_ids(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             }
             goto not_mine;
         }
-        PyObject *top = untracked(PyTuple_New(alternative_count));
+        PyObject *top = fp_untracked(PyTuple_New(alternative_count));
         if (top == NULL) {
             goto error_alternatives;
         }
@@ -228,7 +204,7 @@ chat_from_ids(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyTuple_SET_ITEM(top, j, alternatives[j]); /* steals */
         }
         int special = special_flags[id] != 0 || special_value == Py_True;
-        PyObject *record = token(PyTuple_GET_ITEM(table, id), logprob, top, id, special, 0);
+        PyObject *record = fp_token(PyTuple_GET_ITEM(table, id), logprob, top, id, special, 0);
         Py_DECREF(top);
         if (record == NULL) {
             goto error;
@@ -259,7 +235,7 @@ completions_from_ids(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *strings = args[0], *values = args[1], *tops = args[2], *table = args[3], *flags = args[4];
-    if (check_configured() < 0 || check_table(table, flags) < 0) {
+    if (fp_check_ready(table, flags) < 0) {
         return NULL;
     }
     if (!PyList_CheckExact(strings) || !PyList_CheckExact(values) || (tops != Py_None && !PyList_CheckExact(tops))) {
@@ -296,7 +272,7 @@ completions_from_ids(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             if (alt_id < 0 || !plain_logprob(alt_logprob)) {
                 break;
             }
-            alternatives[made] = candidate(PyTuple_GET_ITEM(table, alt_id), alt_logprob, alt_id);
+            alternatives[made] = fp_candidate(PyTuple_GET_ITEM(table, alt_id), alt_logprob, alt_id);
             if (alternatives[made] == NULL) {
                 for (Py_ssize_t j = 0; j < made; j++) {
                     Py_DECREF(alternatives[j]);
@@ -311,7 +287,7 @@ completions_from_ids(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             }
             goto not_mine;
         }
-        PyObject *top = untracked(PyTuple_New(alternative_count));
+        PyObject *top = fp_untracked(PyTuple_New(alternative_count));
         if (top == NULL) {
             for (Py_ssize_t j = 0; j < made; j++) {
                 Py_DECREF(alternatives[j]);
@@ -321,7 +297,7 @@ completions_from_ids(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         for (Py_ssize_t j = 0; j < alternative_count; j++) {
             PyTuple_SET_ITEM(top, j, alternatives[j]);
         }
-        PyObject *record = token(PyTuple_GET_ITEM(table, id), logprob, top, id, special_flags[id] != 0,
+        PyObject *record = fp_token(PyTuple_GET_ITEM(table, id), logprob, top, id, special_flags[id] != 0,
                                  top_dict == Py_None);
         Py_DECREF(top);
         if (record == NULL) {
@@ -348,7 +324,7 @@ entry(PyObject *data, PyObject *logprob, PyObject *top)
     if (string == NULL) {
         return NULL;
     }
-    PyObject *numbers = untracked(PyList_New(length));
+    PyObject *numbers = fp_untracked(PyList_New(length));
     if (numbers == NULL) {
         Py_DECREF(string);
         return NULL;
@@ -365,7 +341,7 @@ entry(PyObject *data, PyObject *logprob, PyObject *top)
     }
     Py_DECREF(string);
     Py_DECREF(numbers);
-    return untracked(dict);
+    return fp_untracked(dict);
 }
 
 /* 1 when the candidates are distinct (by id when all have one, by bytes when none has), 0 when not
@@ -461,7 +437,7 @@ render_plain(PyObject *record, Py_ssize_t k, int *not_mine)
     if (kept < 0) {
         return NULL;
     }
-    PyObject *alternatives = untracked(PyList_New(kept));
+    PyObject *alternatives = fp_untracked(PyList_New(kept));
     if (alternatives == NULL) {
         return NULL;
     }
@@ -792,6 +768,8 @@ static PyMethodDef methods[] = {
      "completions_from_ids(strings, values, tops, table, special_flags) -> list[Token] | None"},
     {"render_entries", (PyCFunction)(void (*)(void))render_entries, METH_FASTCALL,
      "render_entries(tokens, k, fallback) -> list[dict]"},
+    {"split_chat_logprobs", (PyCFunction)(void (*)(void))fp_split_chat_logprobs, METH_FASTCALL,
+     "split_chat_logprobs(raw, table, special_flags) -> (body, tokens, start, end) | None"},
     {"render_entries_json", (PyCFunction)(void (*)(void))render_entries_json, METH_FASTCALL,
      "render_entries_json(tokens, k, dumps) -> bytes | None"},
     {NULL, NULL, 0, NULL},

@@ -27,7 +27,7 @@ from gateway.logprobs.spellings import (
     parse_token_id,
     unescape_chat_token,
 )
-from gateway.logprobs.tokens import SENTINEL_LOGPROB, Candidate, Origin, Token, normalize_logprob
+from gateway.logprobs.tokens import SENTINEL_LOGPROB, Candidate, IdTokens, Origin, Token, normalize_logprob
 from gateway.logprobs.vocab import Vocab
 
 _REPLACED = "\ufffd".encode()
@@ -271,7 +271,7 @@ _ID_TABLES: weakref.WeakKeyDictionary[Any, _IdTable] = weakref.WeakKeyDictionary
 _LAST_TABLE: list[Any] = [None, ((), b"")]  # [weak reference to the vocabulary used last, its tables]
 
 
-def _id_table(vocab: Vocab) -> _IdTable:
+def id_table(vocab: Vocab) -> _IdTable:
     """The vocabulary's id -> bytes table (None for holes) and special-id flags, built once per vocabulary.
 
     A tuple, not a list: it holds no containers, so the garbage collector stops tracking it and
@@ -314,7 +314,7 @@ def _placeholder_bytes(string: Any, table: tuple[bytes | None, ...]) -> tuple[in
 
 
 def _chat_from_ids(content: list[Any], vocab: Vocab, report: TranslationReport) -> list[Token] | None:
-    table, special_flags = _id_table(vocab)
+    table, special_flags = id_table(vocab)
     if fastpath is not None:
         compiled = fastpath.chat_from_ids(content, table, special_flags)
         if compiled is not None:
@@ -421,7 +421,7 @@ def _chat_from_exact_bytes(content: list[Any], report: TranslationReport) -> lis
 
 def _completions_from_ids(strings: list[Any], values: list[Any], tops: list[Any] | None, vocab: Vocab,
                           report: TranslationReport) -> list[Token] | None:
-    table, special_flags = _id_table(vocab)
+    table, special_flags = id_table(vocab)
     if fastpath is not None:
         compiled = fastpath.completions_from_ids(strings, values, tops, table, special_flags)
         if compiled is not None:
@@ -476,10 +476,16 @@ def _spells(tokens: list[Token], text: str) -> bool:
 
 
 def parse_chat(
-    content: Sequence[Mapping[str, Any]] | None, options: ParseOptions, text: str | None = None
+    content: Sequence[Mapping[str, Any]] | IdTokens | None, options: ParseOptions, text: str | None = None
 ) -> Parsed:
     """Chat `logprobs.content` entries `{token, logprob, bytes?, top_logprobs?}` (also llama.cpp's,
     whose entries add `id`) -> Tokens. `text` is the message text the tokens produced, if known."""
+    if type(content) is IdTokens:  # read from the body's JSON by the compiled scanner (body_scan.py)
+        report = TranslationReport()
+        if text is None or _spells(content.tokens, text):
+            report.from_ids += len(content.tokens)
+            return Parsed(content.tokens, report)
+        content = content.entries()
     if type(content) is list:
         report = TranslationReport()
         if options.vocab is not None:

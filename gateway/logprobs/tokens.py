@@ -121,3 +121,19 @@ def normalize_candidates(candidates: tuple[Candidate, ...] | list[Candidate], k:
             best[key] = cand
     ordered = sorted(best.values(), key=lambda c: -c.logprob)
     return tuple(ordered[:k])
+
+
+class IdTokens:
+    """A chat body's `logprobs.content` that the compiled body scanner already read into Tokens
+    (see `body_scan.load_chat_body`), with where its JSON sits in the body: `entries()` reads it the
+    ordinary way when the Tokens cannot be used as they are (their bytes do not spell the text)."""
+
+    __slots__ = ("end", "raw", "start", "tokens")
+
+    def __init__(self, tokens: list[Token], raw: bytes, start: int, end: int) -> None:
+        self.tokens, self.raw, self.start, self.end = tokens, raw, start, end
+
+    def entries(self) -> list:
+        import orjson
+
+        return orjson.loads(memoryview(self.raw)[self.start:self.end])

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import GatewayError
+from gateway.logprobs.body_scan import load_json
 from gateway.logprobs.parse import ParseOptions
 from gateway.logprobs.report import TranslationReport
 from gateway.logprobs.tokens import Token
@@ -52,18 +53,21 @@ class Step:
 
 
 StepParser = Callable[[Mapping[str, Any], ParseOptions, bool], Step]
+BodyLoader = Callable[[bytes, ParseOptions], Any]
 
 
 @dataclass(frozen=True, slots=True)
 class UpstreamCall:
-    """A request to send (`path` under the upstream's base URL) and its parser.
+    """A request to send (`path` under the upstream's base URL) and how to read its answer.
 
-    `parse(payload, options, streaming)` reads one JSON body or stream event into a Step.
+    `load(raw, options)` reads one JSON body or stream event's bytes (orjson, unless the dialect has
+    a faster reader); `parse(payload, options, streaming)` turns what it gives into a Step.
     """
 
     path: str
     body: dict[str, Any]
     parse: StepParser
+    load: BodyLoader = load_json
 
 
 def unsupported(message: str, param: str) -> GatewayError:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.logprobs.align import AlignmentError
+from gateway.logprobs.body_scan import load_chat_body
 from gateway.logprobs.parse import LogprobParseError, Parsed, ParseOptions, parse_chat, parse_completions
 from gateway.logprobs.realign import realign
 from gateway.logprobs.segment import HELD_BYTES, split_content
@@ -290,7 +291,7 @@ def chat_call(flavor: Flavor, gen: Generation, upstream_model: str, *, cap: int,
         body["max_tokens"] = gen.max_tokens
     if gen.stream:
         body["stream_options"] = {"include_usage": True}
-    return UpstreamCall("/v1/chat/completions", body, chat_step)
+    return UpstreamCall("/v1/chat/completions", body, chat_step, load_chat_body)
 
 
 def completions_call(flavor: Flavor, gen: Generation, upstream_model: str, prompt: str, *, cap: int,

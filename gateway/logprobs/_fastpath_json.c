@@ -1,0 +1,651 @@
+/* Reading a chat body's logprobs straight from its JSON bytes (see body_scan.py).
+ *
+ * A vLLM chat completion is mostly logprobs: 100 tokens with 5 alternatives are ~70 KB, and turning
+ * all of it into dicts, lists and ints (which the `token_id:N` reader then throws away: the ids carry
+ * the bytes) cost more than the rest of the request. Here the value of `choices[0].logprobs` is read
+ * into Tokens directly and cut out of the body, which orjson then reads as usual, small.
+ *
+ * The contract (tests/test_body_scan.py holds it): fp_split_chat_logprobs(raw, table, flags) is None,
+ * or (body, tokens, start, end) where `body` is `raw` with that value replaced by `null`, and
+ *   - raw[start:end] is the JSON of the `content` array, and `tokens` is exactly what
+ *     chat_from_ids(orjson.loads(raw[start:end]), table, flags) returns;
+ *   - orjson accepts `body` if and only if it accepts `raw`.
+ * The cut value is parsed strictly (a subset of JSON: ASCII, no escapes, short numbers) and anything
+ * outside that subset is declined; the rest of the body is only walked to find the value (strings
+ * and brackets), never interpreted, and stays byte for byte what orjson reads.
+ */
+#include "_fastpath.h"
+
+#define MAX_SKIP_DEPTH 8      /* nesting allowed inside an entry's ignored members (`bytes` is 1) */
+#define MAX_NUMBER_LENGTH 40  /* longer numbers are declined, never truncated */
+
+typedef struct {
+    const char *at;
+    const char *end;
+} Reader;
+
+static inline void
+skip_space(Reader *r)
+{
+    while (r->at < r->end && (*r->at == ' ' || *r->at == '\n' || *r->at == '\r' || *r->at == '\t')) {
+        r->at++;
+    }
+}
+
+/* Skip white space, then take `c` if it is next. */
+static inline int
+take(Reader *r, char c)
+{
+    skip_space(r);
+    if (r->at < r->end && *r->at == c) {
+        r->at++;
+        return 1;
+    }
+    return 0;
+}
+
+/* --- walking the body (not interpreted: orjson reads all of it but the cut value) --------------- */
+
+/* Past the string that opens at r->at; 0 when it does not end. */
+static int
+pass_string(Reader *r)
+{
+    const char *p = r->at + 1;
+    for (;;) {
+        const char *quote = memchr(p, '"', (size_t)(r->end - p));
+        if (quote == NULL) {
+            return 0;
+        }
+        const char *run = quote;
+        while (run > p && run[-1] == '\\') {
+            run--;
+        }
+        if (((quote - run) & 1) == 0) { /* an even run of backslashes escapes itself, not the quote */
+            r->at = quote + 1;
+            return 1;
+        }
+        p = quote + 1;
+    }
+}
+
+/* Past any value: a string, a bracketed value (to its matching bracket), or a number or literal (to the
+ * next delimiter). 0 when the body ends first. */
+static int
+pass_value(Reader *r)
+{
+    skip_space(r);
+    if (r->at >= r->end) {
+        return 0;
+    }
+    char c = *r->at;
+    if (c == '"') {
+        return pass_string(r);
+    }
+    if (c == '{' || c == '[') {
+        Py_ssize_t depth = 0;
+        while (r->at < r->end) {
+            c = *r->at;
+            if (c == '"') {
+                if (!pass_string(r)) {
+                    return 0;
+                }
+                continue;
+            }
+            if (c == '{' || c == '[') {
+                depth++;
+            }
+            else if ((c == '}' || c == ']') && --depth == 0) {
+                r->at++;
+                return 1;
+            }
+            r->at++;
+        }
+        return 0;
+    }
+    while (r->at < r->end && (c = *r->at) != ',' && c != '}' && c != ']' && c != ' ' && c != '\n' && c != '\r'
+           && c != '\t') {
+        r->at++;
+    }
+    return 1;
+}
+
+static inline int
+is_name(const char *name, Py_ssize_t length, const char *wanted)
+{
+    return (size_t)length == strlen(wanted) && memcmp(name, wanted, (size_t)length) == 0;
+}
+
+/* --- the cut value, parsed strictly --------------------------------------------------------------- */
+
+/* A plain string: ASCII, printable, no escapes. */
+static int
+strict_string(Reader *r, const char **text, Py_ssize_t *length)
+{
+    skip_space(r);
+    if (r->at >= r->end || *r->at != '"') {
+        return 0;
+    }
+    const char *start = ++r->at;
+    while (r->at < r->end) {
+        unsigned char c = (unsigned char)*r->at;
+        if (c == '"') {
+            *text = start;
+            *length = r->at - start;
+            r->at++;
+            return 1;
+        }
+        if (c < 0x20 || c >= 0x80 || c == '\\') {
+            return 0;
+        }
+        r->at++;
+    }
+    return 0;
+}
+
+/* A member name, plainly spelled (a plain string: see strict_string) and its colon. Escaped names
+ * are declined: one could spell a name we look for. */
+static int
+read_name(Reader *r, const char **name, Py_ssize_t *length)
+{
+    return strict_string(r, name, length) && take(r, ':');
+}
+
+/* A number by JSON's grammar, short; `*is_float` when orjson reads it as a float (fraction or exponent).
+ * Integers of up to 18 digits and exponents of up to 2 digits only: no question of range. */
+static int
+strict_number(Reader *r, const char **text, Py_ssize_t *length, int *is_float)
+{
+    skip_space(r);
+    const char *p = r->at, *end = r->end;
+    *is_float = 0;
+    if (p < end && *p == '-') {
+        p++;
+    }
+    const char *digits = p;
+    if (p < end && *p == '0') {
+        p++;
+    }
+    else if (p < end && *p >= '1' && *p <= '9') {
+        while (p < end && *p >= '0' && *p <= '9') {
+            p++;
+        }
+    }
+    else {
+        return 0;
+    }
+    Py_ssize_t integer_digits = p - digits;
+    if (p < end && *p == '.') {
+        *is_float = 1;
+        const char *fraction = ++p;
+        while (p < end && *p >= '0' && *p <= '9') {
+            p++;
+        }
+        if (p == fraction) {
+            return 0;
+        }
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        *is_float = 1;
+        p++;
+        if (p < end && (*p == '+' || *p == '-')) {
+            p++;
+        }
+        const char *exponent = p;
+        while (p < end && *p >= '0' && *p <= '9') {
+            p++;
+        }
+        if (p == exponent || p - exponent > 2) {
+            return 0;
+        }
+    }
+    if ((!*is_float && integer_digits > 18) || p - r->at > MAX_NUMBER_LENGTH) {
+        return 0;
+    }
+    *text = r->at;
+    *length = p - r->at;
+    r->at = p;
+    return 1;
+}
+
+static int
+strict_literal(Reader *r, const char *word)
+{
+    size_t length = strlen(word);
+    skip_space(r);
+    if ((size_t)(r->end - r->at) < length || memcmp(r->at, word, length) != 0) {
+        return 0;
+    }
+    r->at += length;
+    return 1;
+}
+
+/* The rest of an array of small unsigned integers written without spaces (`bytes`: [72,105]), taken in one
+ * tight loop; 0 with nothing consumed when the array is anything else. */
+static int
+small_integers(Reader *r)
+{
+    const char *p = r->at, *end = r->end;
+    for (;;) {
+        const char *digits = p;
+        while (p < end && *p >= '0' && *p <= '9' && p - digits < 4) {
+            p++;
+        }
+        if (p == digits || p - digits == 4 || (*digits == '0' && p - digits > 1) || p == end) {
+            return 0;
+        }
+        if (*p == ']') {
+            r->at = p + 1;
+            return 1;
+        }
+        if (*p++ != ',') {
+            return 0;
+        }
+    }
+}
+
+/* Any value of the subset (the members an entry has that we do not read, like `bytes`). */
+static int
+strict_skip(Reader *r, int depth)
+{
+    const char *text;
+    Py_ssize_t length;
+    int is_float;
+    skip_space(r);
+    if (r->at >= r->end || depth > MAX_SKIP_DEPTH) {
+        return 0;
+    }
+    switch (*r->at) {
+    case '"':
+        return strict_string(r, &text, &length);
+    case 't':
+        return strict_literal(r, "true");
+    case 'f':
+        return strict_literal(r, "false");
+    case 'n':
+        return strict_literal(r, "null");
+    case '[':
+        r->at++;
+        if (small_integers(r)) {
+            return 1;
+        }
+        if (take(r, ']')) {
+            return 1;
+        }
+        do {
+            if (!strict_skip(r, depth + 1)) {
+                return 0;
+            }
+        } while (take(r, ','));
+        return take(r, ']');
+    case '{':
+        r->at++;
+        if (take(r, '}')) {
+            return 1;
+        }
+        do {
+            if (!strict_string(r, &text, &length) || !take(r, ':') || !strict_skip(r, depth + 1)) {
+                return 0;
+            }
+        } while (take(r, ','));
+        return take(r, '}');
+    default:
+        return strict_number(r, &text, &length, &is_float);
+    }
+}
+
+/* The id of a `token_id:N` string whose id has bytes in `table`, or -1 (what placeholder_id accepts). */
+static Py_ssize_t
+strict_placeholder(Reader *r, PyObject *table)
+{
+    const char *text;
+    Py_ssize_t length;
+    if (!strict_string(r, &text, &length) || length < 10 || memcmp(text, "token_id:", 9) != 0) {
+        return -1;
+    }
+    Py_ssize_t size = PyTuple_GET_SIZE(table), id = 0;
+    for (Py_ssize_t i = 9; i < length; i++) {
+        if (text[i] < '0' || text[i] > '9') {
+            return -1;
+        }
+        id = id * 10 + (text[i] - '0');
+        if (id >= size) {
+            return -1;
+        }
+    }
+    return PyTuple_GET_ITEM(table, id) == Py_None ? -1 : id;
+}
+
+/* `-ddd.ddd` with at most 15 digits in all, as a double, by Clinger's fast path: the digits as an integer
+ * and the power of ten are both exact doubles, so one IEEE division gives the correctly rounded value
+ * (the one every correct reader gives). 0 for any other spelling (exponents, long digit strings). */
+static int
+exact_decimal(const char *text, Py_ssize_t length, double *value)
+{
+    static const double powers_of_ten[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12,
+                                           1e13, 1e14, 1e15};
+    const char *p = text, *end = text + length;
+    int negative = p < end && *p == '-';
+    p += negative;
+    long long digits = 0;
+    int count = 0, fraction = -1;
+    for (; p < end; p++) {
+        if (*p == '.') {
+            if (fraction >= 0) {
+                return 0;
+            }
+            fraction = 0;
+            continue;
+        }
+        if (*p < '0' || *p > '9' || ++count > 15) {
+            return 0; /* an exponent, or more digits than a double holds exactly */
+        }
+        digits = digits * 10 + (*p - '0');
+        fraction += fraction >= 0;
+    }
+    if (fraction < 0) {
+        fraction = 0;
+    }
+    double result = (double)digits / powers_of_ten[fraction];
+    *value = negative ? -result : result;
+    return 1;
+}
+
+/* A float logprob strictly between the sentinel and +inf (plain_logprob's rule), as a new float;
+ * NULL with no error set when it is anything else. Read by Python's own correctly rounded reader,
+ * which gives the double orjson gives. */
+static PyObject *
+strict_logprob(Reader *r)
+{
+    const char *text;
+    Py_ssize_t length;
+    int is_float;
+    char buffer[MAX_NUMBER_LENGTH + 1];
+    if (!strict_number(r, &text, &length, &is_float) || !is_float) {
+        return NULL;
+    }
+    double value;
+    if (!exact_decimal(text, length, &value)) {
+        memcpy(buffer, text, (size_t)length);
+        buffer[length] = '\0';
+        char *stop;
+        value = PyOS_string_to_double(buffer, &stop, NULL);
+        if (value == -1.0 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (stop != buffer + length) {
+            return NULL;
+        }
+    }
+    if (!(value > SENTINEL_LOGPROB && value < Py_HUGE_VAL)) {
+        return NULL;
+    }
+    return PyFloat_FromDouble(value);
+}
+
+enum { SEEN_TOKEN = 1, SEEN_LOGPROB = 2, SEEN_TOP = 4, SEEN_SPECIAL = 8 };
+
+/* The members entries and alternatives share, once each: 1 when `name` is `token` or `logprob` and its
+ * value was read into *id or *logprob, 0 for another name, -1 when declined (`id`: llama.cpp's ids are
+ * read by Python). */
+static int
+shared_member(Reader *r, const char *name, Py_ssize_t length, PyObject *table, int *seen, Py_ssize_t *id,
+              PyObject **logprob)
+{
+    if (is_name(name, length, "token")) {
+        if (*seen & SEEN_TOKEN || (*id = strict_placeholder(r, table)) < 0) {
+            return -1;
+        }
+        *seen |= SEEN_TOKEN;
+        return 1;
+    }
+    if (is_name(name, length, "logprob")) {
+        if (*seen & SEEN_LOGPROB || (*logprob = strict_logprob(r)) == NULL) {
+            return -1;
+        }
+        *seen |= SEEN_LOGPROB;
+        return 1;
+    }
+    return is_name(name, length, "id") ? -1 : 0;
+}
+
+/* One content entry -> a Token (see chat_from_ids), or with `special_flags` NULL one of its alternatives
+ * -> a Candidate (whose `top_logprobs` and `special` are members like any other); NULL when declined
+ * (no error set) or on an error. */
+static PyObject *
+strict_record(Reader *r, PyObject *table, const char *special_flags)
+{
+    const char *name;
+    Py_ssize_t name_length, id = -1, count = 0;
+    PyObject *logprob = NULL, *result = NULL, *top = NULL;
+    PyObject *alternatives[MAX_CANDIDATES];
+    int seen = 0, special = 0, entry = special_flags != NULL;
+    if (!take(r, '{')) {
+        return NULL;
+    }
+    if (!take(r, '}')) {
+        do {
+            if (!read_name(r, &name, &name_length)) {
+                goto done;
+            }
+            int common = shared_member(r, name, name_length, table, &seen, &id, &logprob);
+            if (common < 0) {
+                goto done;
+            }
+            if (common > 0) {
+                continue;
+            }
+            if (entry && is_name(name, name_length, "top_logprobs")) {
+                if (seen & SEEN_TOP) {
+                    goto done;
+                }
+                seen |= SEEN_TOP;
+                if (strict_literal(r, "null")) {
+                    continue;
+                }
+                if (!take(r, '[')) {
+                    goto done; /* a value Python may read as "none" or refuse: its call */
+                }
+                if (take(r, ']')) {
+                    continue;
+                }
+                do {
+                    if (count == MAX_CANDIDATES || (alternatives[count] = strict_record(r, table, NULL)) == NULL) {
+                        goto done;
+                    }
+                    count++;
+                } while (take(r, ','));
+                if (!take(r, ']')) {
+                    goto done;
+                }
+            }
+            else if (entry && is_name(name, name_length, "special")) {
+                if (seen & SEEN_SPECIAL) {
+                    goto done;
+                }
+                seen |= SEEN_SPECIAL;
+                if (strict_literal(r, "true")) {
+                    special = 1;
+                }
+                else if (!strict_skip(r, 1)) {
+                    goto done;
+                }
+            }
+            else if (!strict_skip(r, 1)) {
+                goto done;
+            }
+        } while (take(r, ','));
+        if (!take(r, '}')) {
+            goto done;
+        }
+    }
+    if ((seen & (SEEN_TOKEN | SEEN_LOGPROB)) != (SEEN_TOKEN | SEEN_LOGPROB)) {
+        goto done;
+    }
+    if (!entry) {
+        result = fp_candidate(PyTuple_GET_ITEM(table, id), logprob, id);
+        goto done;
+    }
+    top = fp_untracked(PyTuple_New(count));
+    if (top == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyTuple_SET_ITEM(top, i, alternatives[i]); /* steals */
+    }
+    count = 0;
+    result = fp_token(PyTuple_GET_ITEM(table, id), logprob, top, id, special || special_flags[id] != 0, 0);
+done:
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_DECREF(alternatives[i]);
+    }
+    Py_XDECREF(top);
+    Py_XDECREF(logprob);
+    return result;
+}
+
+/* `{"content": [entries]}` -> a list of Tokens and the span of the array; NULL when declined or on an error. */
+static PyObject *
+strict_logprobs(Reader *r, PyObject *table, const char *special_flags, Py_ssize_t *start, Py_ssize_t *end,
+                const char *base)
+{
+    const char *name;
+    Py_ssize_t name_length;
+    if (!take(r, '{') || !read_name(r, &name, &name_length) || !is_name(name, name_length, "content")
+        || !take(r, '[')) {
+        return NULL;
+    }
+    *start = r->at - 1 - base;
+    PyObject *tokens = PyList_New(0);
+    if (tokens == NULL) {
+        return NULL;
+    }
+    if (!take(r, ']')) {
+        do {
+            PyObject *record = strict_record(r, table, special_flags);
+            if (record == NULL || PyList_Append(tokens, record) < 0) {
+                Py_XDECREF(record);
+                goto fail;
+            }
+            Py_DECREF(record);
+        } while (take(r, ','));
+        if (!take(r, ']')) {
+            goto fail;
+        }
+    }
+    *end = r->at - base;
+    if (!take(r, '}')) {
+        goto fail; /* another member beside content: Python's */
+    }
+    return tokens;
+fail:
+    Py_DECREF(tokens);
+    return NULL;
+}
+
+/* Walk `{..., "choices": [{..., "logprobs": <value>, ...}, ...], ...}` to the first choice's logprobs
+ * and read it. NULL when declined or on an error; the value's span in *value_start, *value_end. */
+static PyObject *
+first_choice_logprobs(Reader *r, const char *base, PyObject *table, const char *special_flags,
+                      Py_ssize_t *value_start, Py_ssize_t *value_end, Py_ssize_t *start, Py_ssize_t *end)
+{
+    const char *name;
+    Py_ssize_t name_length;
+    PyObject *tokens = NULL;
+    int choices_seen = 0;
+    if (!take(r, '{') || take(r, '}')) {
+        return NULL;
+    }
+    do {
+        if (!read_name(r, &name, &name_length)) {
+            goto fail;
+        }
+        if (!is_name(name, name_length, "choices")) {
+            if (!pass_value(r)) {
+                goto fail;
+            }
+            continue;
+        }
+        if (choices_seen++ || !take(r, '[') || !take(r, '{') || take(r, '}')) {
+            goto fail; /* a repeated name (which one counts is orjson's business), or no first choice */
+        }
+        int logprobs_seen = 0;
+        do {
+            if (!read_name(r, &name, &name_length)) {
+                goto fail;
+            }
+            if (!is_name(name, name_length, "logprobs")) {
+                if (!pass_value(r)) {
+                    goto fail;
+                }
+                continue;
+            }
+            if (logprobs_seen++) {
+                goto fail;
+            }
+            skip_space(r);
+            *value_start = r->at - base;
+            tokens = strict_logprobs(r, table, special_flags, start, end, base);
+            if (tokens == NULL) {
+                return NULL;
+            }
+            *value_end = r->at - base;
+        } while (take(r, ','));
+        if (!take(r, '}')) {
+            goto fail;
+        }
+        while (take(r, ',')) { /* the other choices */
+            if (!pass_value(r)) {
+                goto fail;
+            }
+        }
+        if (!take(r, ']')) {
+            goto fail;
+        }
+    } while (take(r, ','));
+    if (!take(r, '}') || tokens == NULL) {
+        goto fail;
+    }
+    skip_space(r);
+    if (r->at != r->end) {
+        goto fail;
+    }
+    return tokens;
+fail:
+    Py_XDECREF(tokens);
+    return NULL;
+}
+
+PyObject *
+fp_split_chat_logprobs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "split_chat_logprobs(raw: bytes, table, special_flags)");
+        return NULL;
+    }
+    PyObject *raw = args[0], *table = args[1], *flags = args[2];
+    if (fp_check_ready(table, flags) < 0) {
+        return NULL;
+    }
+    const char *base = PyBytes_AS_STRING(raw);
+    Reader reader = {base, base + PyBytes_GET_SIZE(raw)};
+    Py_ssize_t value_start = 0, value_end = 0, start = 0, end = 0;
+    PyObject *tokens = first_choice_logprobs(&reader, base, table, PyBytes_AS_STRING(flags), &value_start, &value_end,
+                                             &start, &end);
+    if (tokens == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t size = PyBytes_GET_SIZE(raw), tail = size - value_end;
+    PyObject *body = PyBytes_FromStringAndSize(NULL, value_start + 4 + tail);
+    if (body == NULL) {
+        Py_DECREF(tokens);
+        return NULL;
+    }
+    char *out = PyBytes_AS_STRING(body);
+    memcpy(out, base, (size_t)value_start);
+    memcpy(out + value_start, "null", 4);
+    memcpy(out + value_start + 4, base + value_end, (size_t)tail);
+    return Py_BuildValue("(NNnn)", body, tokens, start, end);
+}

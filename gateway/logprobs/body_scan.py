@@ -1,0 +1,40 @@
+"""A chat completion's JSON read without building its logprob entries, when they are `token_id:N`.
+
+Most of a chat body with logprobs is the logprobs (100 tokens with 5 alternatives: 70 of 71 KB),
+and the id reader throws nearly all of it away (an id carries the bytes). The compiled scanner
+(`_fastpath_json.c`) reads `choices[0].logprobs` straight into Tokens and cuts it out; orjson reads
+the rest. The result is the body as orjson would give it, with that `content` as an `IdTokens`,
+which `parse_chat` takes as the id reader's answer. Any other body is read by orjson as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.logprobs.compiled import fastpath
+from gateway.logprobs.parse import ParseOptions, id_table
+from gateway.logprobs.tokens import IdTokens
+
+
+def load_json(raw: bytes, options: ParseOptions) -> Any:
+    """The body loader of every dialect without a faster one."""
+    return orjson.loads(raw)
+
+
+def load_chat_body(raw: bytes, options: ParseOptions) -> Any:
+    """A chat completion or stream chunk -> its JSON object (see the module docstring)."""
+    if fastpath is None or options.vocab is None or type(raw) is not bytes:
+        return orjson.loads(raw)
+    table, flags = id_table(options.vocab)
+    split = fastpath.split_chat_logprobs(raw, table, flags)
+    if split is None:
+        return orjson.loads(raw)
+    body, tokens, start, end = split
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return orjson.loads(raw)  # raises the error the whole body gives (the scanner keeps validity)
+    data["choices"][0]["logprobs"] = {"content": IdTokens(tokens, raw, start, end)}
+    return data

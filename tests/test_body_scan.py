@@ -1,0 +1,247 @@
+"""The compiled body scanner (`_fastpath_json.c`, used by `body_scan.load_chat_body`) keeps its contract:
+
+it declines (None), or it cuts `choices[0].logprobs` out of the body and returns Tokens equal to what
+the id reader makes of the same JSON read by orjson; what is left is the body byte for byte with
+`null` in place of the cut value, valid JSON exactly when the whole body is; nothing leaks; and the
+plain vLLM shape is always taken. Skips where the extension was not built (no compiler).
+"""
+
+import json
+import math
+import sys
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.logprobs.align import AlignmentError
+from gateway.logprobs.body_scan import load_chat_body
+from gateway.logprobs.compiled import fastpath
+from gateway.logprobs.parse import ParseOptions, id_table
+from gateway.logprobs.tokens import IdTokens, Origin
+from gateway.upstreams.openai_compatible import chat_step
+from tests.test_fastpath import FLAGS, TABLE, VOCAB, _fields
+from tests.test_parse_fast_paths import chat_contents
+
+pytestmark = pytest.mark.skipif(fastpath is None, reason="the C extension was not built (no compiler at install)")
+
+OPTIONS = ParseOptions(vocab=VOCAB)
+
+
+def _body(content, text="hi", *, extra_choices=0, stream=False):
+    choice = {"index": 0, ("delta" if stream else "message"): {"role": "assistant", "content": text},
+              "logprobs": {"content": content}, "finish_reason": None if stream else "stop", "stop_reason": None}
+    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [choice] + [{**choice, "index": i + 1} for i in range(extra_choices)],
+            "usage": None if stream else {"prompt_tokens": 3, "completion_tokens": len(content or [])}}
+
+
+def _plain_content(count, k, start=0):
+    return [{"token": f"token_id:{(start + 7 * i) % len(VOCAB)}", "logprob": -0.25 - i / 7,
+             "bytes": list(b"token_id:1"),
+             "top_logprobs": [{"token": f"token_id:{(start + 7 * i + j) % len(VOCAB)}", "logprob": -0.5 - j / 3,
+                               "bytes": [116, 111]} for j in range(k)]}
+            for i in range(count)]
+
+
+def _check_contract(raw: bytes, split) -> None:
+    """What a non-None answer promises about `raw`."""
+    body, tokens, start, end = split
+    assert orjson.loads(raw[start:end]) is not None
+    whole = orjson.loads(raw)
+    choice = whole["choices"][0]
+    assert choice["logprobs"] == {"content": orjson.loads(raw[start:end])}
+    expected = fastpath.chat_from_ids(choice["logprobs"]["content"], TABLE, FLAGS)
+    assert expected is not None and _fields(tokens) == _fields(expected)
+    cut = orjson.loads(body)
+    assert cut["choices"][0]["logprobs"] is None
+    choice["logprobs"] = None
+    assert cut == whole
+
+
+def _dumps(value, style: int) -> bytes:
+    if style == 0:
+        return orjson.dumps(value)
+    if style == 1:
+        return json.dumps(value, ensure_ascii=False).encode()  # ", " and ": " between members
+    if style == 2:
+        return json.dumps(value, indent=1, ensure_ascii=True).encode()  # new lines; non-ASCII escaped
+    return (" \r\n\t" + json.dumps(value, separators=(" ,", " : ")) + "\n").encode()
+
+
+@given(chat_contents, st.integers(0, 3), st.integers(0, 2), st.booleans())
+@settings(max_examples=600)
+def test_an_answer_keeps_the_contract(content, style, extra_choices, stream):
+    content = orjson.loads(orjson.dumps(content))  # JSON has no inf or NaN (orjson writes null)
+    raw = _dumps(_body(content, extra_choices=extra_choices, stream=stream), style)
+    split = fastpath.split_chat_logprobs(raw, TABLE, FLAGS)
+    if split is not None:
+        _check_contract(raw, split)
+    elif orjson.loads(raw)["choices"][0]["logprobs"]["content"] is not None and style in (0, 1, 3):
+        # Declined: the id reader must decline the same entries (or they hold what the scanner leaves alone).
+        parsed = orjson.loads(raw)["choices"][0]["logprobs"]["content"]
+        assert fastpath.chat_from_ids(parsed, TABLE, FLAGS) is None or _outside_the_subset(raw)
+
+
+def _outside_the_subset(raw: bytes) -> bool:
+    # What the scanner declines although the id reader would take it: escapes, numbers spelled as
+    # exponents of 3+ digits, long integers, duplicate names (never sent by a server; orjson keeps the last).
+    return b"\\" in raw or b"e-" in raw or b"e+" in raw or b"E" in raw
+
+
+@given(st.integers(1, 30), st.integers(0, 20), st.integers(0, 3), st.booleans())
+@settings(max_examples=200)
+def test_the_plain_shape_is_always_taken(count, k, style, stream):
+    content = _plain_content(count, k, start=count)
+    raw = _dumps(_body(content, text="caf\u00e9 \U0001f980 \"quoted\" \\ end", stream=stream), style)
+    split = fastpath.split_chat_logprobs(raw, TABLE, FLAGS)
+    assert split is not None
+    _check_contract(raw, split)
+
+
+def test_special_tokens_and_the_special_member_are_kept():
+    special_id = next(i for i in range(len(VOCAB)) if VOCAB.is_special(i))
+    content = [{"token": f"token_id:{special_id}", "logprob": -0.1, "top_logprobs": []},
+               {"token": "token_id:7", "logprob": -0.2, "special": True, "top_logprobs": None},
+               {"token": "token_id:8", "logprob": -0.3, "special": "yes"}]
+    raw = orjson.dumps(_body(content))
+    _, tokens, _, _ = fastpath.split_chat_logprobs(raw, TABLE, FLAGS)
+    assert [t.special for t in tokens] == [True, True, False]
+    assert all(t.origin is Origin.TOKEN_ID and t.top == () for t in tokens)
+
+
+@pytest.mark.parametrize("spelling", ["-0.5", "-5e-1", "-5E-01", "-0.50000000000000000001", "-0.1234567890123456789",
+                                      "123456789012345.5", "-0.0", "-1e-99", "-0.30000000000000004",
+                                      "-9998.999999999999", "-2.2250738585072014e-08", "0.0", "-7.0e0"])
+def test_logprobs_read_as_orjson_reads_them(spelling):
+    raw = b'{"choices":[{"logprobs":{"content":[{"token":"token_id:7","logprob":%s}]}}]}' % spelling.encode()
+    split = fastpath.split_chat_logprobs(raw, TABLE, FLAGS)
+    assert split is not None
+    value = split[1][0].logprob
+    expected = orjson.loads(raw)["choices"][0]["logprobs"]["content"][0]["logprob"]
+    assert value == expected and math.copysign(1, value) == math.copysign(1, expected)
+
+
+@given(st.floats(min_value=-9998.0, max_value=1000.0, allow_nan=False),
+       st.sampled_from(["{!r}", "{:.6f}", "{:.17g}", "{:.3e}", "{:.15f}", "{:.20f}"]))
+@settings(max_examples=600)
+def test_any_float_spelling_reads_as_orjson_reads_it(value, template):
+    spelled = template.format(value)
+    if "." not in spelled and "e" not in spelled:
+        spelled += ".0"
+    raw = b'{"choices":[{"logprobs":{"content":[{"token":"token_id:7","logprob":%s}]}}]}' % spelled.encode()
+    split = fastpath.split_chat_logprobs(raw, TABLE, FLAGS)
+    expected = orjson.loads(raw)["choices"][0]["logprobs"]["content"][0]["logprob"]
+    if split is not None:
+        assert split[1][0].logprob == expected
+    else:
+        assert expected <= -9999.0 or "e" in spelled  # only the sentinel or a 3-digit exponent is left to Python
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"choices":[{"logprobs":null}]}',  # no logprobs
+    b'{"choices":[]}',  # the usage chunk
+    b'{"choices":[{"logprobs":{"content":null}}]}',
+    b'{"choices":[{"logprobs":{"content":[],"refusal":null}}]}',  # another member: Python's
+    b'{"choices":[{"logprobs":{"content":[{"token":"token_id:7","logprob":-1}]}}]}',  # an int logprob
+    b'{"choices":[{"logprobs":{"content":[{"token":"token_id:7","logprob":-9999.0}]}}]}',  # the sentinel
+    b'{"choices":[{"logprobs":{"content":[{"token":"token_id:7","logprob":-1.0,"id":7}]}}]}',  # llama.cpp
+    b'{"choices":[{"logprobs":{"content":[{"token":"token_id:7","token":"token_id:8","logprob":-1.0}]}}]}',
+    b'{"choices":[{"logprobs":{"content":[{"token":"token_id:7","logprob":-1.0,"top_logprobs":{}}]}}]}',
+    b'{"choices":[{"logprobs":{"content":[{"token":"token_id:7","logprob":-1.0,"bytes":[1e999]}]}}]}',
+    b'{"choices":[{"logprobs":{"content":[{"token":"token_id:99999999","logprob":-1.0}]}}]}',  # not in the table
+    b'{"choices":[{"logprobs":{"content":[{"token":"\\u0074oken_id:7","logprob":-1.0}]}}]}',  # an escape
+    b'{"choices":[{"logprobs":{"content":[{"token":"token_id:7","logprob":-1.0}]}}],"choices":[]}',
+    b'{"choices":[{"logprobs":{"content":[]},"logprobs":null}]}',
+    b'{"choi\\u0063es":[{"logprobs":{"content":[]}}]}',
+    b'{"choices":[{"logprobs":{"content":[]}}]} x',
+    b'[{"choices":[{"logprobs":{"content":[]}}]}]',
+])
+def test_shapes_left_to_python(raw):
+    assert fastpath.split_chat_logprobs(raw, TABLE, FLAGS) is None
+
+
+@given(st.data())
+@settings(max_examples=800)
+def test_a_broken_body_stays_broken(data):
+    raw = bytearray(orjson.dumps(_body(_plain_content(3, 2), text='a "b" \\ c')))
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(raw) - 1))
+        operation = data.draw(st.sampled_from(["delete", "insert", "replace"]))
+        byte = data.draw(st.sampled_from(list(b'{}[]",:\\ 0-.eantrufl\x00\xff')))
+        if operation == "delete":
+            del raw[at]
+        elif operation == "insert":
+            raw.insert(at, byte)
+        else:
+            raw[at] = byte
+    raw = bytes(raw)
+    split = fastpath.split_chat_logprobs(raw, TABLE, FLAGS)
+    if split is None:
+        return
+    try:
+        orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        with pytest.raises(orjson.JSONDecodeError):
+            orjson.loads(split[0])
+        return
+    _check_contract(raw, split)
+
+
+def _steps(raw: bytes, stream: bool):
+    outcomes = []
+    for loaded in (load_chat_body(raw, OPTIONS), orjson.loads(raw)):
+        try:
+            step = chat_step(loaded, OPTIONS, streaming=stream)
+        except AlignmentError as exc:
+            outcomes.append(("raised", str(exc)))
+            continue
+        outcomes.append((_fields(step.tokens), step.text, step.finish_reason, step.usage, step.report.from_ids,
+                         step.report.aligned))
+    return outcomes
+
+
+def test_the_loader_gives_the_steps_orjson_gives():
+    cut_char = TABLE.index(b"\xe6")  # the first byte of a CJK character
+    for stream in (False, True):
+        content = _plain_content(6, 3, start=40)
+        assert not any(FLAGS[int(e["token"][9:])] for e in content)
+        text = b"".join(TABLE[int(e["token"][9:])] for e in content).decode()
+        cut = [*content, {"token": f"token_id:{cut_char}", "logprob": -0.5}]
+        # Spelled by the tokens; a length cap's U+FFFD for a cut character; text the tokens do not spell.
+        for body_content, body_text in ((content, text), (cut, text + "\ufffd"), (content, text + "!")):
+            raw = orjson.dumps(_body(body_content, text=body_text, stream=stream))
+            assert type(load_chat_body(raw, OPTIONS)["choices"][0]["logprobs"]["content"]) is IdTokens
+            scanned, ordinary = _steps(raw, stream)
+            assert scanned == ordinary
+
+
+def test_the_loader_raises_what_orjson_raises():
+    raw = orjson.dumps(_body(_plain_content(2, 1)))[:-1] + b"]"
+    assert fastpath.split_chat_logprobs(raw, TABLE, FLAGS) is None
+    with pytest.raises(orjson.JSONDecodeError):
+        load_chat_body(raw, OPTIONS)
+    assert load_chat_body(b'{"choices":[]}', OPTIONS) == {"choices": []}
+    assert load_chat_body(orjson.dumps(_body([])), ParseOptions()) == _body([])  # no tokenizer: orjson alone
+
+
+def test_the_scanner_leaks_no_references():
+    raw = orjson.dumps(_body(_plain_content(20, 5)))
+    declined = raw.replace(b'"token_id:21"', b'"nope"', 1)
+    shared = [TABLE[7 * i % len(VOCAB)] for i in range(1, 20) if len(TABLE[7 * i % len(VOCAB)]) > 1]
+    shared += [Origin.TOKEN_ID, raw, declined]
+    before = [sys.getrefcount(o) for o in shared]
+    for _ in range(200):
+        split = fastpath.split_chat_logprobs(raw, TABLE, FLAGS)
+        assert fastpath.split_chat_logprobs(declined, TABLE, FLAGS) is None
+    del split
+    assert [sys.getrefcount(o) for o in shared] == before
+
+
+def test_the_table_must_match_its_flags():
+    table, flags = id_table(VOCAB)
+    with pytest.raises(TypeError):
+        fastpath.split_chat_logprobs(b"{}", table, flags[:-1])
+    with pytest.raises(TypeError):
+        fastpath.split_chat_logprobs("{}", table, flags)
