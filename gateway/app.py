@@ -376,13 +376,13 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
         # Everything made from one network read goes out in one write. `items` holds what is not
         # written yet, so a failure partway through a read still sends the events before it.
         items: list[dict[str, Any]] = []
-        parse, load, feed, reports = call.parse, call.load, front.feed_step, exchange.reports
+        read, feed, reports = call.read, front.feed_step, exchange.reports
         # What parsing repaired reaches the counters at most a second late (and all of it at the end).
         flush_at = time.monotonic() + _REPORT_FLUSH_SECONDS
         try:
             async for batch in data_batches(upstream.content):
                 for data in batch:
-                    step = parse(load(data, options), options, streaming=True)
+                    step = read(data, options, True)
                     if step.usage:
                         exchange.step_usage = step.usage
                     if step.report is not None:

@@ -20,6 +20,7 @@ from gateway.logprobs.body_scan import load_chat_body
 from gateway.logprobs.compiled import fastpath
 from gateway.logprobs.parse import ParseOptions, id_table
 from gateway.logprobs.tokens import IdTokens, Origin
+from gateway.upstreams.base import UpstreamFormatError
 from gateway.upstreams.openai_compatible import chat_step
 from tests.test_fastpath import FLAGS, TABLE, VOCAB, _fields
 from tests.test_parse_fast_paths import chat_contents
@@ -162,21 +163,26 @@ def test_shapes_left_to_python(raw):
     assert fastpath.split_chat_logprobs(raw, TABLE, FLAGS) is None
 
 
+def _mutated(data, raw: bytes) -> bytes:
+    """`raw` with one to three bytes deleted, inserted or replaced (JSON's structural bytes and worse)."""
+    mutated = bytearray(raw)
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(mutated) - 1))
+        operation = data.draw(st.sampled_from(["delete", "insert", "replace"]))
+        byte = data.draw(st.sampled_from(list(b'{}[]",:\\ 0-.eantrufl\x00\x1f\xc3\xa9\xff')))
+        if operation == "delete":
+            del mutated[at]
+        elif operation == "insert":
+            mutated.insert(at, byte)
+        else:
+            mutated[at] = byte
+    return bytes(mutated)
+
+
 @given(st.data())
 @settings(max_examples=800)
 def test_a_broken_body_stays_broken(data):
-    raw = bytearray(orjson.dumps(_body(_plain_content(3, 2), text='a "b" \\ c')))
-    for _ in range(data.draw(st.integers(1, 3))):
-        at = data.draw(st.integers(0, len(raw) - 1))
-        operation = data.draw(st.sampled_from(["delete", "insert", "replace"]))
-        byte = data.draw(st.sampled_from(list(b'{}[]",:\\ 0-.eantrufl\x00\xff')))
-        if operation == "delete":
-            del raw[at]
-        elif operation == "insert":
-            raw.insert(at, byte)
-        else:
-            raw[at] = byte
-    raw = bytes(raw)
+    raw = _mutated(data, orjson.dumps(_body(_plain_content(3, 2), text='a "b" \\ c')))
     split = fastpath.split_chat_logprobs(raw, TABLE, FLAGS)
     if split is None:
         return
@@ -245,3 +251,99 @@ def test_the_table_must_match_its_flags():
         fastpath.split_chat_logprobs(b"{}", table, flags[:-1])
     with pytest.raises(TypeError):
         fastpath.split_chat_logprobs("{}", table, flags)
+
+
+# --- whole stream chunks (`chat_chunk`, read without orjson) -------------------------------------------
+
+texts = st.one_of(st.none(), st.just(""), st.text(max_size=8), st.sampled_from(["\n", '"q"', "\\", "\U0001f980\u6839",
+                                                                              "\x00\x1f", "\ud7ff\ue000"]), st.just(5))
+
+
+@st.composite
+def chunks(draw):
+    plain = st.builds(_plain_content, st.integers(0, 3), st.integers(0, 5), st.integers(0, 1000))
+    content = orjson.loads(orjson.dumps(draw(st.one_of(chat_contents, plain, plain))))
+    delta = {}
+    if draw(st.booleans()):
+        delta["role"] = "assistant"
+    if draw(st.integers(0, 5)):
+        delta["content"] = draw(texts)
+    extra = draw(st.sampled_from([None, None, None, "tool_calls", "tool_calls_null", "reasoning", "reasoning_content"]))
+    if extra == "tool_calls":
+        delta["tool_calls"] = [{"index": 0, "function": {"arguments": "{"}}]
+    elif extra == "tool_calls_null":
+        delta["tool_calls"] = None
+    elif extra:
+        delta[extra] = "thinking"
+    choice = {"index": 0, "delta": delta, "logprobs": draw(st.sampled_from([None, {"content": content}])),
+              "finish_reason": draw(st.sampled_from([None, None, "stop", "length", 3])), "token_ids": None}
+    if draw(st.integers(0, 9)) == 0:
+        del choice["delta"]
+    body = {"id": "chatcmpl-\u00e9", "object": "chat.completion.chunk", "created": 1796052125, "model": "m",
+            "choices": [choice] * draw(st.sampled_from([1, 1, 1, 0, 2]))}
+    for name in ("usage", "error"):
+        value = draw(st.sampled_from([None, "absent", "absent", "absent", {"prompt_tokens": 1}, "text"]))
+        if value != "absent":
+            body[name] = value
+    return body
+
+
+def _chunk_outcome(raw: bytes):
+    try:
+        step = chat_step(orjson.loads(raw), OPTIONS, streaming=True)
+    except (orjson.JSONDecodeError, UpstreamFormatError):
+        return "raised"
+    return step
+
+
+def _check_chunk(raw: bytes) -> bool:
+    """The compiled chunk reader declines, or gives what chat_step gives; True when it answered."""
+    fields = fastpath.chat_chunk(raw, TABLE, FLAGS)
+    if fields is None:
+        return False
+    step = _chunk_outcome(raw)
+    assert step != "raised"
+    text, tokens, finish_reason = fields
+    assert (type(text), text, finish_reason) == (str, step.text, step.finish_reason)
+    assert _fields(tokens) == _fields(step.tokens)
+    assert step.usage is None and not step.tool_calls and step.reasoning is None
+    return True
+
+
+@given(chunks(), st.integers(0, 3))
+@settings(max_examples=800)
+def test_the_chunk_reader_reads_what_chat_step_reads(body, style):
+    _check_chunk(_dumps(body, style))
+
+
+def test_the_chunk_reader_takes_the_common_chunk_and_leaves_the_rest():
+    content = _plain_content(1, 5, start=40)
+    common = _body(content, text='caf\u00e9 "\U0001f980"\n\\', stream=True)
+    for style in range(4):  # style 2 escapes every non-ASCII character (a surrogate pair for the crab)
+        assert _check_chunk(_dumps(common, style))
+    first = {**common, "choices": [{**common["choices"][0], "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": None}]}
+    assert fastpath.chat_chunk(orjson.dumps(first), TABLE, FLAGS) == ("", [], None)
+    last = {**common, "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+    assert fastpath.chat_chunk(orjson.dumps(last), TABLE, FLAGS) is None
+    for lone in (b'"\\ud800"', b'"\\udc00x"', b'"\\ud800\\u0041"'):
+        raw = orjson.dumps(common).replace(b'"chatcmpl-1"', lone)
+        assert raw != orjson.dumps(common)
+        assert fastpath.chat_chunk(raw, TABLE, FLAGS) is None
+
+
+@given(st.data())
+@settings(max_examples=800)
+def test_a_broken_chunk_is_never_read(data):
+    _check_chunk(_mutated(data, orjson.dumps(_body(_plain_content(1, 2), text='a "b" \\ \u00e9', stream=True))))
+
+
+def test_the_server_reads_chunks_through_the_compiled_reader():
+    from gateway.upstreams.openai_compatible import read_chat_chunk
+
+    raw = orjson.dumps(_body(_plain_content(2, 3, start=40), text="hi", stream=True))
+    step = read_chat_chunk(raw, OPTIONS)
+    ordinary = chat_step(orjson.loads(raw), OPTIONS, streaming=True)
+    assert step is not None and _fields(step.tokens) == _fields(ordinary.tokens)
+    assert (step.report.from_ids, step.report.aligned) == (ordinary.report.from_ids, ordinary.report.aligned) == (2, 0)
+    assert read_chat_chunk(raw, ParseOptions()) is None  # no tokenizer: chat_step reads it

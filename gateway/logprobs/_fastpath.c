@@ -497,48 +497,6 @@ render_entries(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 #define ENTRY_OVERHEAD 64 /* the keys, quotes, brackets and commas of one entry */
 
-/* Length of the well-formed UTF-8 sequence at `s` (what Python's decoder accepts), or 0. */
-static inline Py_ssize_t
-utf8_sequence(const unsigned char *s, Py_ssize_t available)
-{
-    unsigned char lead = s[0];
-    Py_ssize_t length;
-    unsigned char low = 0x80, high = 0xBF; /* the allowed range of the second byte */
-    if (lead >= 0xC2 && lead <= 0xDF) {
-        length = 2;
-    }
-    else if (lead >= 0xE0 && lead <= 0xEF) {
-        length = 3;
-        if (lead == 0xE0) {
-            low = 0xA0; /* no overlong forms */
-        }
-        else if (lead == 0xED) {
-            high = 0x9F; /* no surrogates */
-        }
-    }
-    else if (lead >= 0xF0 && lead <= 0xF4) {
-        length = 4;
-        if (lead == 0xF0) {
-            low = 0x90;
-        }
-        else if (lead == 0xF4) {
-            high = 0x8F; /* nothing past U+10FFFF */
-        }
-    }
-    else {
-        return 0;
-    }
-    if (available < length || s[1] < low || s[1] > high) {
-        return 0;
-    }
-    for (Py_ssize_t i = 2; i < length; i++) {
-        if ((s[i] & 0xC0) != 0x80) {
-            return 0;
-        }
-    }
-    return length;
-}
-
 static const char hex_digits[] = "0123456789abcdef";
 
 /* The JSON string of bytes.decode("utf-8", "backslashreplace"), escaped as orjson escapes. */
@@ -770,6 +728,8 @@ static PyMethodDef methods[] = {
      "render_entries(tokens, k, fallback) -> list[dict]"},
     {"split_chat_logprobs", (PyCFunction)(void (*)(void))fp_split_chat_logprobs, METH_FASTCALL,
      "split_chat_logprobs(raw, table, special_flags) -> (body, tokens, start, end) | None"},
+    {"chat_chunk", (PyCFunction)(void (*)(void))fp_chat_chunk, METH_FASTCALL,
+     "chat_chunk(raw, table, special_flags) -> (text, tokens, finish_reason) | None"},
     {"render_entries_json", (PyCFunction)(void (*)(void))render_entries_json, METH_FASTCALL,
      "render_entries_json(tokens, k, dumps) -> bytes | None"},
     {NULL, NULL, 0, NULL},

@@ -23,6 +23,48 @@ fp_untracked(PyObject *object)
     return object;
 }
 
+/* Length of the well-formed UTF-8 sequence at `s` (what Python's decoder accepts), or 0. */
+static inline Py_ssize_t
+utf8_sequence(const unsigned char *s, Py_ssize_t available)
+{
+    unsigned char lead = s[0];
+    Py_ssize_t length;
+    unsigned char low = 0x80, high = 0xBF; /* the allowed range of the second byte */
+    if (lead >= 0xC2 && lead <= 0xDF) {
+        length = 2;
+    }
+    else if (lead >= 0xE0 && lead <= 0xEF) {
+        length = 3;
+        if (lead == 0xE0) {
+            low = 0xA0; /* no overlong forms */
+        }
+        else if (lead == 0xED) {
+            high = 0x9F; /* no surrogates */
+        }
+    }
+    else if (lead >= 0xF0 && lead <= 0xF4) {
+        length = 4;
+        if (lead == 0xF0) {
+            low = 0x90;
+        }
+        else if (lead == 0xF4) {
+            high = 0x8F; /* nothing past U+10FFFF */
+        }
+    }
+    else {
+        return 0;
+    }
+    if (available < length || s[1] < low || s[1] > high) {
+        return 0;
+    }
+    for (Py_ssize_t i = 2; i < length; i++) {
+        if ((s[i] & 0xC0) != 0x80) {
+            return 0;
+        }
+    }
+    return length;
+}
+
 /* A Candidate / Token of Origin.TOKEN_ID (new references; borrowed arguments). */
 PyObject *fp_candidate(PyObject *data, PyObject *logprob, Py_ssize_t id);
 PyObject *fp_token(PyObject *data, PyObject *logprob, PyObject *top, Py_ssize_t id, int special, int top_absent);
@@ -30,5 +72,6 @@ int fp_check_ready(PyObject *table, PyObject *flags);
 
 /* _fastpath_json.c */
 PyObject *fp_split_chat_logprobs(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fp_chat_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

@@ -1,22 +1,25 @@
-/* Reading a chat body's logprobs straight from its JSON bytes (see body_scan.py).
+/* Reading chat bodies and stream chunks straight from their JSON bytes (see body_scan.py and
+ * openai_compatible.read_chat_chunk).
  *
  * A vLLM chat completion is mostly logprobs: 100 tokens with 5 alternatives are ~70 KB, and turning
  * all of it into dicts, lists and ints (which the `token_id:N` reader then throws away: the ids carry
- * the bytes) cost more than the rest of the request. Here the value of `choices[0].logprobs` is read
- * into Tokens directly and cut out of the body, which orjson then reads as usual, small.
+ * the bytes) cost more than the rest of the request.
  *
- * The contract (tests/test_body_scan.py holds it): fp_split_chat_logprobs(raw, table, flags) is None,
- * or (body, tokens, start, end) where `body` is `raw` with that value replaced by `null`, and
+ * fp_split_chat_logprobs(raw, table, flags) (a whole body): None, or (body, tokens, start, end) where
+ * `body` is `raw` with the value of `choices[0].logprobs` replaced by `null` (orjson reads it, small), and
  *   - raw[start:end] is the JSON of the `content` array, and `tokens` is exactly what
  *     chat_from_ids(orjson.loads(raw[start:end]), table, flags) returns;
  *   - orjson accepts `body` if and only if it accepts `raw`.
- * The cut value is parsed strictly (a subset of JSON: ASCII, no escapes, short numbers) and anything
- * outside that subset is declined; the rest of the body is only walked to find the value (strings
- * and brackets), never interpreted, and stays byte for byte what orjson reads.
+ * fp_chat_chunk(raw, table, flags) (a stream chunk, no orjson at all): None, or (text, tokens,
+ * finish_reason), what chat_step makes of orjson.loads(raw), for the common chunk shape only.
+ *
+ * What is read is parsed strictly: names and token strings plain ASCII, short numbers, every other
+ * value validated as orjson would (check_value); anything outside that is declined, never guessed.
+ * What split_chat_logprobs leaves to orjson is only walked (strings and brackets), never interpreted.
+ * tests/test_body_scan.py holds both contracts (hypothesis over shapes, spellings and byte mutations).
  */
 #include "_fastpath.h"
 
-#define MAX_SKIP_DEPTH 8      /* nesting allowed inside an entry's ignored members (`bytes` is 1) */
 #define MAX_NUMBER_LENGTH 40  /* longer numbers are declined, never truncated */
 
 typedef struct {
@@ -243,55 +246,7 @@ small_integers(Reader *r)
     }
 }
 
-/* Any value of the subset (the members an entry has that we do not read, like `bytes`). */
-static int
-strict_skip(Reader *r, int depth)
-{
-    const char *text;
-    Py_ssize_t length;
-    int is_float;
-    skip_space(r);
-    if (r->at >= r->end || depth > MAX_SKIP_DEPTH) {
-        return 0;
-    }
-    switch (*r->at) {
-    case '"':
-        return strict_string(r, &text, &length);
-    case 't':
-        return strict_literal(r, "true");
-    case 'f':
-        return strict_literal(r, "false");
-    case 'n':
-        return strict_literal(r, "null");
-    case '[':
-        r->at++;
-        if (small_integers(r)) {
-            return 1;
-        }
-        if (take(r, ']')) {
-            return 1;
-        }
-        do {
-            if (!strict_skip(r, depth + 1)) {
-                return 0;
-            }
-        } while (take(r, ','));
-        return take(r, ']');
-    case '{':
-        r->at++;
-        if (take(r, '}')) {
-            return 1;
-        }
-        do {
-            if (!strict_string(r, &text, &length) || !take(r, ':') || !strict_skip(r, depth + 1)) {
-                return 0;
-            }
-        } while (take(r, ','));
-        return take(r, '}');
-    default:
-        return strict_number(r, &text, &length, &is_float);
-    }
-}
+static int check_value(Reader *r, int depth);
 
 /* The id of a `token_id:N` string whose id has bytes in `table`, or -1 (what placeholder_id accepts). */
 static Py_ssize_t
@@ -466,11 +421,11 @@ strict_record(Reader *r, PyObject *table, const char *special_flags)
                 if (strict_literal(r, "true")) {
                     special = 1;
                 }
-                else if (!strict_skip(r, 1)) {
+                else if (!check_value(r, 1)) {
                     goto done;
                 }
             }
-            else if (!strict_skip(r, 1)) {
+            else if (!check_value(r, 1)) {
                 goto done;
             }
         } while (take(r, ','));
@@ -648,4 +603,372 @@ fp_split_chat_logprobs(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     memcpy(out + value_start, "null", 4);
     memcpy(out + value_start + 4, base + value_end, (size_t)tail);
     return Py_BuildValue("(NNnn)", body, tokens, start, end);
+}
+
+/* --- a whole stream chunk, validated here (no orjson at all) ------------------------------------------ */
+
+#define MAX_CHECK_DEPTH 32
+
+static inline int
+hex_value(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* The code point of the four hex digits at p, or -1. */
+static inline long
+hex4(const char *p)
+{
+    long value = 0;
+    for (int i = 0; i < 4; i++) {
+        int digit = hex_value(p[i]);
+        if (digit < 0) {
+            return -1;
+        }
+        value = value * 16 + digit;
+    }
+    return value;
+}
+
+/* Any JSON string orjson accepts (well-formed UTF-8, no raw control characters, valid escapes; a lone
+ * surrogate escape is declined). With `out`, also its value as a str. 0 when declined or on an error
+ * (then set). */
+static int
+text_string(Reader *r, PyObject **out)
+{
+    skip_space(r);
+    if (r->at >= r->end || *r->at != '"') {
+        return 0;
+    }
+    const unsigned char *start = (const unsigned char *)++r->at, *p = start, *end = (const unsigned char *)r->end;
+    int escaped = 0;
+    while (p < end && *p != '"') {
+        unsigned char c = *p;
+        if (c < 0x20) {
+            return 0;
+        }
+        if (c >= 0x80) {
+            Py_ssize_t length = utf8_sequence(p, end - p);
+            if (length == 0) {
+                return 0;
+            }
+            p += length;
+            continue;
+        }
+        if (c != '\\') {
+            p++;
+            continue;
+        }
+        escaped = 1;
+        if (p + 1 >= end) {
+            return 0;
+        }
+        if (p[1] != 'u') {
+            if (strchr("\"\\/bfnrt", p[1]) == NULL || p[1] == '\0') {
+                return 0;
+            }
+            p += 2;
+            continue;
+        }
+        if (end - p < 6) {
+            return 0;
+        }
+        long unit = hex4((const char *)p + 2);
+        if (unit < 0 || (unit >= 0xDC00 && unit <= 0xDFFF)) {
+            return 0;
+        }
+        if (unit >= 0xD800 && unit <= 0xDBFF) { /* only as the first of a pair */
+            if (end - p < 12 || p[6] != '\\' || p[7] != 'u') {
+                return 0;
+            }
+            long low = hex4((const char *)p + 8);
+            if (low < 0xDC00 || low > 0xDFFF) {
+                return 0;
+            }
+            p += 6;
+        }
+        p += 6;
+    }
+    if (p >= end) {
+        return 0;
+    }
+    r->at = (const char *)p + 1;
+    if (out == NULL) {
+        return 1;
+    }
+    Py_ssize_t length = p - start;
+    if (!escaped) {
+        *out = PyUnicode_DecodeUTF8((const char *)start, length, NULL);
+        return *out != NULL;
+    }
+    /* Unescape into UTF-8 (never longer than the escaped text), then decode. */
+    char *buffer = PyMem_Malloc((size_t)length + 1), *w = buffer;
+    if (buffer == NULL) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    for (const unsigned char *q = start; q < p;) {
+        if (*q != '\\') {
+            *w++ = (char)*q++;
+            continue;
+        }
+        char kind = (char)q[1];
+        if (kind != 'u') {
+            *w++ = kind == 'b' ? '\b' : kind == 'f' ? '\f' : kind == 'n' ? '\n' : kind == 'r' ? '\r' : kind == 't' ? '\t' : kind;
+            q += 2;
+            continue;
+        }
+        long code = hex4((const char *)q + 2);
+        q += 6;
+        if (code >= 0xD800 && code <= 0xDBFF) {
+            code = 0x10000 + ((code - 0xD800) << 10) + (hex4((const char *)q + 2) - 0xDC00);
+            q += 6;
+        }
+        if (code < 0x80) {
+            *w++ = (char)code;
+        }
+        else if (code < 0x800) {
+            *w++ = (char)(0xC0 | (code >> 6));
+            *w++ = (char)(0x80 | (code & 0x3F));
+        }
+        else if (code < 0x10000) {
+            *w++ = (char)(0xE0 | (code >> 12));
+            *w++ = (char)(0x80 | ((code >> 6) & 0x3F));
+            *w++ = (char)(0x80 | (code & 0x3F));
+        }
+        else {
+            *w++ = (char)(0xF0 | (code >> 18));
+            *w++ = (char)(0x80 | ((code >> 12) & 0x3F));
+            *w++ = (char)(0x80 | ((code >> 6) & 0x3F));
+            *w++ = (char)(0x80 | (code & 0x3F));
+        }
+    }
+    *out = PyUnicode_DecodeUTF8(buffer, w - buffer, NULL);
+    PyMem_Free(buffer);
+    return *out != NULL;
+}
+
+/* Any value orjson accepts, within limits (short numbers, bounded depth): 0 when declined. */
+static int
+check_value(Reader *r, int depth)
+{
+    const char *text;
+    Py_ssize_t length;
+    int is_float;
+    skip_space(r);
+    if (r->at >= r->end || depth > MAX_CHECK_DEPTH) {
+        return 0;
+    }
+    switch (*r->at) {
+    case '"':
+        return text_string(r, NULL);
+    case 't':
+        return strict_literal(r, "true");
+    case 'f':
+        return strict_literal(r, "false");
+    case 'n':
+        return strict_literal(r, "null");
+    case '[':
+        r->at++;
+        if (small_integers(r) || take(r, ']')) {
+            return 1;
+        }
+        do {
+            if (!check_value(r, depth + 1)) {
+                return 0;
+            }
+        } while (take(r, ','));
+        return take(r, ']');
+    case '{':
+        r->at++;
+        if (take(r, '}')) {
+            return 1;
+        }
+        do {
+            if (!text_string(r, NULL) || !take(r, ':') || !check_value(r, depth + 1)) {
+                return 0;
+            }
+        } while (take(r, ','));
+        return take(r, '}');
+    default:
+        return strict_number(r, &text, &length, &is_float);
+    }
+}
+
+/* Walk an object's members: `visit(r, name, length, state)` reads the value of each (1: read, 0: declined,
+ * -1: an error is set). 1 when the whole object was read. */
+typedef int (*MemberVisitor)(Reader *r, const char *name, Py_ssize_t length, void *state);
+
+static int
+each_member(Reader *r, MemberVisitor visit, void *state)
+{
+    const char *name;
+    Py_ssize_t length;
+    if (!take(r, '{')) {
+        return 0;
+    }
+    if (take(r, '}')) {
+        return 1;
+    }
+    do {
+        if (!read_name(r, &name, &length)) {
+            return 0;
+        }
+        int read = visit(r, name, length, state);
+        if (read <= 0) {
+            return read;
+        }
+    } while (take(r, ','));
+    return take(r, '}');
+}
+
+typedef struct {
+    PyObject *table;
+    const char *special_flags;
+    PyObject *text, *tokens, *finish_reason; /* owned; NULL until read */
+    int seen;
+} Chunk;
+
+enum { SEEN_CHOICES = 1, SEEN_DELTA = 2, SEEN_CONTENT = 4, SEEN_LOGPROBS = 8, SEEN_FINISH = 16, SEEN_TOOL_CALLS = 32,
+       SEEN_USAGE = 64, SEEN_ERROR = 128 };
+
+/* Claim a member once: 0 when it came before (declined: which one counts is orjson's business). */
+static inline int
+first_time(Chunk *chunk, int bit)
+{
+    if (chunk->seen & bit) {
+        return 0;
+    }
+    chunk->seen |= bit;
+    return 1;
+}
+
+static inline int
+failed(void)
+{
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* `delta`: `content` (a string or null) and nothing of a reasoning parser or a tool call. */
+static int
+delta_member(Reader *r, const char *name, Py_ssize_t length, void *state)
+{
+    Chunk *chunk = state;
+    if (is_name(name, length, "content")) {
+        if (!first_time(chunk, SEEN_CONTENT)) {
+            return 0;
+        }
+        if (strict_literal(r, "null")) {
+            return 1;
+        }
+        return text_string(r, &chunk->text) ? 1 : failed();
+    }
+    if (is_name(name, length, "tool_calls")) {
+        return first_time(chunk, SEEN_TOOL_CALLS) && strict_literal(r, "null");
+    }
+    if (is_name(name, length, "reasoning") || is_name(name, length, "reasoning_content")) {
+        return 0; /* a thinking step: Python's */
+    }
+    return check_value(r, 2);
+}
+
+static int
+choice_member(Reader *r, const char *name, Py_ssize_t length, void *state)
+{
+    Chunk *chunk = state;
+    if (is_name(name, length, "delta")) {
+        if (!first_time(chunk, SEEN_DELTA)) {
+            return 0;
+        }
+        int read = each_member(r, delta_member, chunk);
+        return read > 0 ? 1 : read < 0 ? -1 : failed();
+    }
+    if (is_name(name, length, "logprobs")) {
+        if (!first_time(chunk, SEEN_LOGPROBS)) {
+            return 0;
+        }
+        if (strict_literal(r, "null")) {
+            return 1;
+        }
+        Py_ssize_t start, end;
+        chunk->tokens = strict_logprobs(r, chunk->table, chunk->special_flags, &start, &end, r->at);
+        return chunk->tokens != NULL ? 1 : failed();
+    }
+    if (is_name(name, length, "finish_reason")) {
+        if (!first_time(chunk, SEEN_FINISH)) {
+            return 0;
+        }
+        if (strict_literal(r, "null")) {
+            return 1;
+        }
+        return text_string(r, &chunk->finish_reason) ? 1 : failed();
+    }
+    return check_value(r, 2);
+}
+
+static int
+chunk_member(Reader *r, const char *name, Py_ssize_t length, void *state)
+{
+    Chunk *chunk = state;
+    if (is_name(name, length, "choices")) {
+        if (!first_time(chunk, SEEN_CHOICES) || !take(r, '[')) {
+            return 0;
+        }
+        int read = each_member(r, choice_member, chunk);
+        if (read <= 0) {
+            return read < 0 ? -1 : failed();
+        }
+        while (take(r, ',')) { /* the other choices */
+            if (!check_value(r, 1)) {
+                return 0;
+            }
+        }
+        return take(r, ']');
+    }
+    if (is_name(name, length, "usage")) {
+        return first_time(chunk, SEEN_USAGE) && strict_literal(r, "null");
+    }
+    if (is_name(name, length, "error")) {
+        return first_time(chunk, SEEN_ERROR) && strict_literal(r, "null");
+    }
+    return check_value(r, 1);
+}
+
+/* A chat stream chunk of the common shape -> (text, tokens, finish_reason), exactly what chat_step makes
+ * of orjson.loads(raw) for its Step; None for any other chunk (the usage chunk, tool calls, reasoning,
+ * logprobs not plainly `token_id:N`, anything orjson would refuse) and Python reads it. */
+PyObject *
+fp_chat_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "chat_chunk(raw: bytes, table, special_flags)");
+        return NULL;
+    }
+    if (fp_check_ready(args[1], args[2]) < 0) {
+        return NULL;
+    }
+    const char *base = PyBytes_AS_STRING(args[0]);
+    Reader reader = {base, base + PyBytes_GET_SIZE(args[0])};
+    Chunk chunk = {args[1], PyBytes_AS_STRING(args[2]), NULL, NULL, NULL, 0};
+    PyObject *result = NULL;
+    int read = each_member(&reader, chunk_member, &chunk);
+    skip_space(&reader);
+    if (read > 0 && reader.at == reader.end && (chunk.seen & SEEN_DELTA)) {
+        if (chunk.text == NULL) {
+            chunk.text = PyUnicode_New(0, 0);
+        }
+        if (chunk.tokens == NULL) {
+            chunk.tokens = PyList_New(0);
+        }
+        if (chunk.text != NULL && chunk.tokens != NULL) {
+            result = PyTuple_Pack(3, chunk.text, chunk.tokens, chunk.finish_reason ? chunk.finish_reason : Py_None);
+        }
+    }
+    else if (!PyErr_Occurred()) {
+        result = Py_NewRef(Py_None);
+    }
+    Py_XDECREF(chunk.text);
+    Py_XDECREF(chunk.tokens);
+    Py_XDECREF(chunk.finish_reason);
+    return result;
 }

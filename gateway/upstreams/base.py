@@ -54,6 +54,7 @@ class Step:
 
 StepParser = Callable[[Mapping[str, Any], ParseOptions, bool], Step]
 BodyLoader = Callable[[bytes, ParseOptions], Any]
+ChunkReader = Callable[[bytes, ParseOptions], "Step | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +63,23 @@ class UpstreamCall:
 
     `load(raw, options)` reads one JSON body or stream event's bytes (orjson, unless the dialect has
     a faster reader); `parse(payload, options, streaming)` turns what it gives into a Step.
+    `read_chunk(raw, options)`, where a dialect has one, reads a stream event of its common shape
+    straight to the Step `parse` would make (None: not that shape).
     """
 
     path: str
     body: dict[str, Any]
     parse: StepParser
     load: BodyLoader = load_json
+    read_chunk: ChunkReader | None = None
+
+    def read(self, raw: bytes, options: ParseOptions, streaming: bool) -> Step:
+        """One body or stream event's bytes -> a Step."""
+        if streaming and self.read_chunk is not None:
+            step = self.read_chunk(raw, options)
+            if step is not None:
+                return step
+        return self.parse(self.load(raw, options), options, streaming=streaming)
 
 
 def unsupported(message: str, param: str) -> GatewayError:

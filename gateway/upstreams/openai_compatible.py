@@ -16,8 +16,10 @@ from typing import Any
 
 from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.body_scan import load_chat_body
-from gateway.logprobs.parse import LogprobParseError, Parsed, ParseOptions, parse_chat, parse_completions
+from gateway.logprobs.compiled import fastpath
+from gateway.logprobs.parse import LogprobParseError, Parsed, ParseOptions, id_table, parse_chat, parse_completions
 from gateway.logprobs.realign import realign
+from gateway.logprobs.report import TranslationReport
 from gateway.logprobs.segment import HELD_BYTES, split_content
 from gateway.logprobs.spellings import looks_like_special
 from gateway.logprobs.tokens import Origin, Token
@@ -119,6 +121,23 @@ def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool
         return step
     step = Step(text, [], choice.get("finish_reason"), _usage(body), reasoning=reasoning, tool_calls=tool_calls)
     _set_aside(step, content, options, streaming)
+    return step
+
+
+def read_chat_chunk(raw: bytes, options: ParseOptions) -> Step | None:
+    """A stream chunk of the common shape (text and `token_id:N` logprobs, nothing else) read by the
+    compiled reader (`_fastpath_json.c`) straight to the Step `chat_step` makes of it; None otherwise."""
+    if fastpath is None or options.vocab is None or type(raw) is not bytes:
+        return None
+    table, flags = id_table(options.vocab)
+    fields = fastpath.chat_chunk(raw, table, flags)
+    if fields is None:
+        return None
+    text, tokens, finish_reason = fields
+    report = TranslationReport()
+    report.from_ids = len(tokens)
+    step = Step(text, tokens, finish_reason)
+    step.report = report
     return step
 
 
@@ -291,7 +310,7 @@ def chat_call(flavor: Flavor, gen: Generation, upstream_model: str, *, cap: int,
         body["max_tokens"] = gen.max_tokens
     if gen.stream:
         body["stream_options"] = {"include_usage": True}
-    return UpstreamCall("/v1/chat/completions", body, chat_step, load_chat_body)
+    return UpstreamCall("/v1/chat/completions", body, chat_step, load_chat_body, read_chat_chunk)
 
 
 def completions_call(flavor: Flavor, gen: Generation, upstream_model: str, prompt: str, *, cap: int,
