@@ -21,9 +21,9 @@ from gateway.logprobs.compiled import fastpath
 from gateway.logprobs.parse import ParseOptions, id_table
 from gateway.logprobs.tokens import IdTokens, Origin
 from gateway.upstreams.base import UpstreamFormatError
-from gateway.upstreams.openai_compatible import chat_step
+from gateway.upstreams.openai_compatible import chat_step, completions_step
 from tests.test_fastpath import FLAGS, TABLE, VOCAB, _fields
-from tests.test_parse_fast_paths import chat_contents
+from tests.test_parse_fast_paths import chat_contents, completions_payloads
 
 pytestmark = pytest.mark.skipif(fastpath is None, reason="the C extension was not built (no compiler at install)")
 
@@ -253,7 +253,7 @@ def test_the_table_must_match_its_flags():
         fastpath.split_chat_logprobs("{}", table, flags)
 
 
-# --- whole stream chunks (`chat_chunk`, read without orjson) -------------------------------------------
+# --- whole stream chunks (`read_chunk`, read without orjson) -------------------------------------------
 
 texts = st.one_of(st.none(), st.just(""), st.text(max_size=8), st.sampled_from(["\n", '"q"', "\\", "\U0001f980\u6839",
                                                                               "\x00\x1f", "\ud7ff\ue000"]), st.just(5))
@@ -298,7 +298,7 @@ def _chunk_outcome(raw: bytes):
 
 def _check_chunk(raw: bytes) -> bool:
     """The compiled chunk reader declines, or gives what chat_step gives; True when it answered."""
-    fields = fastpath.chat_chunk(raw, TABLE, FLAGS)
+    fields = fastpath.read_chunk(raw, False, TABLE, FLAGS)
     if fields is None:
         return False
     step = _chunk_outcome(raw)
@@ -323,13 +323,13 @@ def test_the_chunk_reader_takes_the_common_chunk_and_leaves_the_rest():
         assert _check_chunk(_dumps(common, style))
     first = {**common, "choices": [{**common["choices"][0], "delta": {"role": "assistant", "content": ""},
                                     "logprobs": None}]}
-    assert fastpath.chat_chunk(orjson.dumps(first), TABLE, FLAGS) == ("", [], None)
+    assert fastpath.read_chunk(orjson.dumps(first), False, TABLE, FLAGS) == ("", [], None)
     last = {**common, "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
-    assert fastpath.chat_chunk(orjson.dumps(last), TABLE, FLAGS) is None
+    assert fastpath.read_chunk(orjson.dumps(last), False, TABLE, FLAGS) is None
     for lone in (b'"\\ud800"', b'"\\udc00x"', b'"\\ud800\\u0041"'):
         raw = orjson.dumps(common).replace(b'"chatcmpl-1"', lone)
         assert raw != orjson.dumps(common)
-        assert fastpath.chat_chunk(raw, TABLE, FLAGS) is None
+        assert fastpath.read_chunk(raw, False, TABLE, FLAGS) is None
 
 
 @given(st.data())
@@ -347,3 +347,69 @@ def test_the_server_reads_chunks_through_the_compiled_reader():
     assert step is not None and _fields(step.tokens) == _fields(ordinary.tokens)
     assert (step.report.from_ids, step.report.aligned) == (ordinary.report.from_ids, ordinary.report.aligned) == (2, 0)
     assert read_chat_chunk(raw, ParseOptions()) is None  # no tokenizer: chat_step reads it
+
+
+@st.composite
+def completions_chunks(draw):
+    if draw(st.booleans()):
+        logprobs = orjson.loads(orjson.dumps(draw(completions_payloads())))  # JSON has no inf or NaN
+    else:  # the plain vLLM shape, sometimes with an array cut short or a member missing
+        count = draw(st.integers(0, 3))
+        ids = [draw(st.integers(40, 900)) for _ in range(count)]
+        logprobs = {"text_offset": list(range(count)), "token_logprobs": [-0.5 - i / 3 for i in range(count)],
+                    "tokens": [f"token_id:{i}" for i in ids],
+                    "top_logprobs": [{f"token_id:{i + j}": -0.75 - j for j in range(draw(st.integers(0, 3)))}
+                                     for i in ids]}
+        if count and draw(st.integers(0, 4)) == 0:
+            logprobs[draw(st.sampled_from(sorted(logprobs)))].pop()
+        if draw(st.integers(0, 4)) == 0:
+            del logprobs[draw(st.sampled_from(sorted(logprobs)))]
+    choice = {"index": 0, "text": draw(texts), "logprobs": draw(st.sampled_from([logprobs, logprobs, None])),
+              "finish_reason": draw(st.sampled_from([None, None, "stop", 3])), "stop_reason": None}
+    body = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
+            "choices": [choice] * draw(st.sampled_from([1, 1, 1, 0, 2]))}
+    if draw(st.booleans()):
+        body["usage"] = draw(st.sampled_from([None, None, {"prompt_tokens": 1}]))
+    return body
+
+
+def _check_completions_chunk(raw: bytes) -> bool:
+    fields = fastpath.read_chunk(raw, True, TABLE, FLAGS)
+    if fields is None:
+        return False
+    step = completions_step(orjson.loads(raw), OPTIONS, streaming=True)
+    text, tokens, finish_reason = fields
+    assert (type(text), text, finish_reason, step.usage) == (str, step.text, step.finish_reason, None)
+    assert _fields(tokens) == _fields(step.tokens)
+    assert [t.top_absent for t in tokens] == [t.top_absent for t in step.tokens]
+    return True
+
+
+@given(completions_chunks(), st.integers(0, 3))
+@settings(max_examples=800)
+def test_the_chunk_reader_reads_what_completions_step_reads(body, style):
+    _check_completions_chunk(_dumps(body, style))
+
+
+def test_the_common_completions_chunk_is_taken():
+    logprobs = {"text_offset": [0, 2], "token_logprobs": [-0.5, None], "tokens": ["token_id:40", "token_id:41"],
+                "top_logprobs": [{"token_id:40": -0.5, "token_id:42": -1.5}, None]}
+    body = {"choices": [{"index": 0, "text": "h\u00e9", "logprobs": logprobs, "finish_reason": None}], "usage": None}
+    assert _check_completions_chunk(orjson.dumps(body))
+    text, tokens, _ = fastpath.read_chunk(orjson.dumps(body), True, TABLE, FLAGS)
+    assert text == "h\u00e9"
+    assert [t.top_absent for t in tokens] == [False, True] and tokens[1].logprob is None
+    repeated = orjson.dumps(body).replace(b'"token_id:42"', b'"token_id:40"')
+    assert fastpath.read_chunk(repeated, True, TABLE, FLAGS) is None  # orjson keeps one of a repeated name
+
+
+@given(st.data())
+@settings(max_examples=500)
+def test_a_broken_completions_chunk_is_never_read(data):
+    logprobs = {"text_offset": [0], "token_logprobs": [-0.5], "tokens": ["token_id:40"],
+                "top_logprobs": [{"token_id:40": -0.5, "token_id:42": -1.5}]}
+    raw = orjson.dumps({"choices": [{"index": 0, "text": 'a"\u00e9', "logprobs": logprobs, "finish_reason": None}]})
+    mutated = _mutated(data, raw)
+    if fastpath.read_chunk(mutated, True, TABLE, FLAGS) is not None:
+        orjson.loads(mutated)  # raises if the reader took a body orjson refuses
+        _check_completions_chunk(mutated)

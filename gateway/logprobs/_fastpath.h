@@ -72,6 +72,6 @@ int fp_check_ready(PyObject *table, PyObject *flags);
 
 /* _fastpath_json.c */
 PyObject *fp_split_chat_logprobs(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *fp_chat_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fp_read_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

@@ -1,5 +1,5 @@
 /* Reading chat bodies and stream chunks straight from their JSON bytes (see body_scan.py and
- * openai_compatible.read_chat_chunk).
+ * openai_compatible._read_chunk).
  *
  * A vLLM chat completion is mostly logprobs: 100 tokens with 5 alternatives are ~70 KB, and turning
  * all of it into dicts, lists and ints (which the `token_id:N` reader then throws away: the ids carry
@@ -10,8 +10,9 @@
  *   - raw[start:end] is the JSON of the `content` array, and `tokens` is exactly what
  *     chat_from_ids(orjson.loads(raw[start:end]), table, flags) returns;
  *   - orjson accepts `body` if and only if it accepts `raw`.
- * fp_chat_chunk(raw, table, flags) (a stream chunk, no orjson at all): None, or (text, tokens,
- * finish_reason), what chat_step makes of orjson.loads(raw), for the common chunk shape only.
+ * fp_read_chunk(raw, completions, table, flags) (a chat or completions stream chunk, no orjson at all):
+ * None, or (text, tokens, finish_reason), what chat_step (completions_step) makes of orjson.loads(raw),
+ * for the common chunk shape only.
  *
  * What is read is parsed strictly: names and token strings plain ASCII, short numbers, every other
  * value validated as orjson would (check_value); anything outside that is declined, never guessed.
@@ -822,9 +823,75 @@ each_member(Reader *r, MemberVisitor visit, void *state)
     return take(r, '}');
 }
 
+/* Set `bit` in *seen; 0 when it was set already (a repeated member: which one counts is orjson's business). */
+static inline int
+first_time_bit(int *seen, int bit)
+{
+    if (*seen & bit) {
+        return 0;
+    }
+    *seen |= bit;
+    return 1;
+}
+
+/* One position's `{"token_id:N": logprob, ...}` -> a tuple of Candidates in the object's order; NULL when
+ * declined (a repeated id: orjson would keep one) or on an error. */
+static PyObject *
+top_dict(Reader *r, PyObject *table)
+{
+    PyObject *candidates[MAX_CANDIDATES];
+    Py_ssize_t ids[MAX_CANDIDATES], count = 0;
+    PyObject *result = NULL;
+    if (!take(r, '{')) {
+        return NULL;
+    }
+    if (!take(r, '}')) {
+        do {
+            if (count == MAX_CANDIDATES) {
+                goto done;
+            }
+            Py_ssize_t id = strict_placeholder(r, table);
+            if (id < 0 || !take(r, ':')) {
+                goto done;
+            }
+            for (Py_ssize_t i = 0; i < count; i++) {
+                if (ids[i] == id) {
+                    goto done;
+                }
+            }
+            PyObject *logprob = strict_logprob(r);
+            if (logprob == NULL) {
+                goto done;
+            }
+            candidates[count] = fp_candidate(PyTuple_GET_ITEM(table, id), logprob, id);
+            Py_DECREF(logprob);
+            if (candidates[count] == NULL) {
+                goto done;
+            }
+            ids[count++] = id;
+        } while (take(r, ','));
+        if (!take(r, '}')) {
+            goto done;
+        }
+    }
+    result = fp_untracked(PyTuple_New(count));
+    if (result != NULL) {
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyTuple_SET_ITEM(result, i, candidates[i]); /* steals */
+        }
+        count = 0;
+    }
+done:
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_DECREF(candidates[i]);
+    }
+    return result;
+}
+
 typedef struct {
     PyObject *table;
     const char *special_flags;
+    int completions; /* a legacy completions chunk (`text`, array logprobs) rather than a chat one */
     PyObject *text, *tokens, *finish_reason; /* owned; NULL until read */
     int seen;
 } Chunk;
@@ -836,17 +903,140 @@ enum { SEEN_CHOICES = 1, SEEN_DELTA = 2, SEEN_CONTENT = 4, SEEN_LOGPROBS = 8, SE
 static inline int
 first_time(Chunk *chunk, int bit)
 {
-    if (chunk->seen & bit) {
-        return 0;
-    }
-    chunk->seen |= bit;
-    return 1;
+    return first_time_bit(&chunk->seen, bit);
 }
 
 static inline int
 failed(void)
 {
     return PyErr_Occurred() ? -1 : 0;
+}
+
+/* Completions logprobs `{"tokens": [...], "token_logprobs": [...], "top_logprobs": [{...}], "text_offset": [...]}`
+ * -> Tokens, exactly what completions_from_ids makes of them (see parse._completions_from_ids); NULL
+ * when declined (no error set) or on an error. */
+static PyObject *
+completions_logprobs(Reader *r, PyObject *table, const char *special_flags)
+{
+    const char *name;
+    Py_ssize_t name_length, count = 0, capacity = 0;
+    Py_ssize_t *ids = NULL;
+    PyObject *values = NULL, *tops = NULL, *tokens = NULL; /* tops: a tuple of candidates, or None, per position */
+    int seen = 0;
+    if (!take(r, '{')) {
+        return NULL;
+    }
+    if (!take(r, '}')) {
+        do {
+            if (!read_name(r, &name, &name_length)) {
+                goto done;
+            }
+            if (is_name(name, name_length, "tokens")) {
+                if (!first_time_bit(&seen, 1) || !take(r, '[')) {
+                    goto done;
+                }
+                if (take(r, ']')) {
+                    continue;
+                }
+                do {
+                    if (count == capacity) {
+                        capacity = capacity ? 2 * capacity : 16;
+                        Py_ssize_t *grown = PyMem_Realloc(ids, sizeof(Py_ssize_t) * (size_t)capacity);
+                        if (grown == NULL) {
+                            PyErr_NoMemory();
+                            goto done;
+                        }
+                        ids = grown;
+                    }
+                    if ((ids[count++] = strict_placeholder(r, table)) < 0) {
+                        goto done;
+                    }
+                } while (take(r, ','));
+                if (!take(r, ']')) {
+                    goto done;
+                }
+            }
+            else if (is_name(name, name_length, "token_logprobs")) {
+                if (!first_time_bit(&seen, 2) || !take(r, '[') || (values = PyList_New(0)) == NULL) {
+                    goto done;
+                }
+                if (take(r, ']')) {
+                    continue;
+                }
+                do {
+                    PyObject *value = strict_literal(r, "null") ? Py_NewRef(Py_None) : strict_logprob(r);
+                    if (value == NULL || PyList_Append(values, value) < 0) {
+                        Py_XDECREF(value);
+                        goto done;
+                    }
+                    Py_DECREF(value);
+                } while (take(r, ','));
+                if (!take(r, ']')) {
+                    goto done;
+                }
+            }
+            else if (is_name(name, name_length, "top_logprobs")) {
+                if (!first_time_bit(&seen, 4)) {
+                    goto done;
+                }
+                if (strict_literal(r, "null")) {
+                    continue;
+                }
+                if (!take(r, '[') || (tops = PyList_New(0)) == NULL) {
+                    goto done;
+                }
+                if (take(r, ']')) {
+                    continue;
+                }
+                do {
+                    PyObject *top = strict_literal(r, "null") ? Py_NewRef(Py_None) : top_dict(r, table);
+                    if (top == NULL || PyList_Append(tops, top) < 0) {
+                        Py_XDECREF(top);
+                        goto done;
+                    }
+                    Py_DECREF(top);
+                } while (take(r, ','));
+                if (!take(r, ']')) {
+                    goto done;
+                }
+            }
+            else if (!check_value(r, 2)) {
+                goto done;
+            }
+        } while (take(r, ','));
+        if (!take(r, '}')) {
+            goto done;
+        }
+    }
+    /* Python reads a missing `tokens` or `token_logprobs` as empty, and refuses arrays of different lengths. */
+    if ((values == NULL ? 0 : PyList_GET_SIZE(values)) != count || (tops != NULL && PyList_GET_SIZE(tops) != count)) {
+        goto done;
+    }
+    tokens = PyList_New(count);
+    if (tokens == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *top = tops == NULL ? Py_None : PyList_GET_ITEM(tops, i);
+        PyObject *empty = NULL;
+        if (top == Py_None && (empty = PyTuple_New(0)) == NULL) {
+            Py_CLEAR(tokens);
+            goto done;
+        }
+        PyObject *record = fp_token(PyTuple_GET_ITEM(table, ids[i]), PyList_GET_ITEM(values, i),
+                                    top == Py_None ? empty : top, ids[i], special_flags[ids[i]] != 0, top == Py_None);
+        Py_XDECREF(empty);
+        if (record == NULL) {
+            Py_CLEAR(tokens);
+            goto done;
+        }
+        PyList_SET_ITEM(tokens, i, record);
+    }
+done:
+    PyMem_Free(ids);
+    Py_XDECREF(values);
+    Py_XDECREF(tops);
+    return tokens;
 }
 
 /* `delta`: `content` (a string or null) and nothing of a reasoning parser or a tool call. */
@@ -876,12 +1066,21 @@ static int
 choice_member(Reader *r, const char *name, Py_ssize_t length, void *state)
 {
     Chunk *chunk = state;
-    if (is_name(name, length, "delta")) {
+    if (!chunk->completions && is_name(name, length, "delta")) {
         if (!first_time(chunk, SEEN_DELTA)) {
             return 0;
         }
         int read = each_member(r, delta_member, chunk);
         return read > 0 ? 1 : read < 0 ? -1 : failed();
+    }
+    if (chunk->completions && is_name(name, length, "text")) {
+        if (!first_time(chunk, SEEN_CONTENT)) {
+            return 0;
+        }
+        if (strict_literal(r, "null")) {
+            return 1;
+        }
+        return text_string(r, &chunk->text) ? 1 : failed();
     }
     if (is_name(name, length, "logprobs")) {
         if (!first_time(chunk, SEEN_LOGPROBS)) {
@@ -891,7 +1090,8 @@ choice_member(Reader *r, const char *name, Py_ssize_t length, void *state)
             return 1;
         }
         Py_ssize_t start, end;
-        chunk->tokens = strict_logprobs(r, chunk->table, chunk->special_flags, &start, &end, r->at);
+        chunk->tokens = chunk->completions ? completions_logprobs(r, chunk->table, chunk->special_flags)
+                                           : strict_logprobs(r, chunk->table, chunk->special_flags, &start, &end, r->at);
         return chunk->tokens != NULL ? 1 : failed();
     }
     if (is_name(name, length, "finish_reason")) {
@@ -934,26 +1134,27 @@ chunk_member(Reader *r, const char *name, Py_ssize_t length, void *state)
     return check_value(r, 1);
 }
 
-/* A chat stream chunk of the common shape -> (text, tokens, finish_reason), exactly what chat_step makes
- * of orjson.loads(raw) for its Step; None for any other chunk (the usage chunk, tool calls, reasoning,
- * logprobs not plainly `token_id:N`, anything orjson would refuse) and Python reads it. */
+/* A stream chunk of the common shape -> (text, tokens, finish_reason), exactly what chat_step (or with
+ * `completions` true, completions_step) makes of orjson.loads(raw) for its Step; None for any other
+ * chunk (the usage chunk, tool calls, reasoning, logprobs not plainly `token_id:N`, anything orjson
+ * would refuse) and Python reads it. */
 PyObject *
-fp_chat_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+fp_read_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PyBytes_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "chat_chunk(raw: bytes, table, special_flags)");
+    if (nargs != 4 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "read_chunk(raw: bytes, completions: bool, table, special_flags)");
         return NULL;
     }
-    if (fp_check_ready(args[1], args[2]) < 0) {
+    if (fp_check_ready(args[2], args[3]) < 0) {
         return NULL;
     }
     const char *base = PyBytes_AS_STRING(args[0]);
     Reader reader = {base, base + PyBytes_GET_SIZE(args[0])};
-    Chunk chunk = {args[1], PyBytes_AS_STRING(args[2]), NULL, NULL, NULL, 0};
+    Chunk chunk = {args[2], PyBytes_AS_STRING(args[3]), PyObject_IsTrue(args[1]), NULL, NULL, NULL, 0};
     PyObject *result = NULL;
     int read = each_member(&reader, chunk_member, &chunk);
     skip_space(&reader);
-    if (read > 0 && reader.at == reader.end && (chunk.seen & SEEN_DELTA)) {
+    if (read > 0 && reader.at == reader.end && (chunk.seen & (chunk.completions ? SEEN_CHOICES : SEEN_DELTA))) {
         if (chunk.text == NULL) {
             chunk.text = PyUnicode_New(0, 0);
         }

@@ -124,13 +124,14 @@ def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool
     return step
 
 
-def read_chat_chunk(raw: bytes, options: ParseOptions) -> Step | None:
+def _read_chunk(raw: bytes, options: ParseOptions, completions: bool) -> Step | None:
     """A stream chunk of the common shape (text and `token_id:N` logprobs, nothing else) read by the
-    compiled reader (`_fastpath_json.c`) straight to the Step `chat_step` makes of it; None otherwise."""
+    compiled reader (`_fastpath_json.c`) straight to the Step `chat_step` (or `completions_step`)
+    makes of it; None otherwise."""
     if fastpath is None or options.vocab is None or type(raw) is not bytes:
         return None
     table, flags = id_table(options.vocab)
-    fields = fastpath.chat_chunk(raw, table, flags)
+    fields = fastpath.read_chunk(raw, completions, table, flags)
     if fields is None:
         return None
     text, tokens, finish_reason = fields
@@ -139,6 +140,14 @@ def read_chat_chunk(raw: bytes, options: ParseOptions) -> Step | None:
     step = Step(text, tokens, finish_reason)
     step.report = report
     return step
+
+
+def read_chat_chunk(raw: bytes, options: ParseOptions) -> Step | None:
+    return _read_chunk(raw, options, False)
+
+
+def read_completions_chunk(raw: bytes, options: ParseOptions) -> Step | None:
+    return _read_chunk(raw, options, True)
 
 
 def _hide_control(token: Token) -> Token:
@@ -349,4 +358,6 @@ def completions_call(flavor: Flavor, gen: Generation, upstream_model: str, promp
         parse = functools.partial(completions_step, echoed_prompt=prompt, chat_shaped=flavor.chat_shaped_completions)
     if gen.stream:
         body["stream_options"] = {"include_usage": True}
-    return UpstreamCall("/v1/completions", body, parse)
+    # llama.cpp's chat-shaped completions logprobs are Python's to read.
+    read_chunk = None if flavor.chat_shaped_completions else read_completions_chunk
+    return UpstreamCall("/v1/completions", body, parse, read_chunk=read_chunk)
