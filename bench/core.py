@@ -62,11 +62,18 @@ def run(canned: dict[str, Any], seconds: float, ks: tuple[int, ...] = KS, only: 
         ) -> list[dict[str, Any]]:
     from gateway.logprobs import convert
     from gateway.logprobs.body_scan import load_chat_body
-    from gateway.logprobs.parse import ParseOptions, parse_chat, parse_completions
+    from gateway.logprobs.parse import ParseOptions, parse_chat
     from gateway.logprobs.render import render_responses_json, visible_tokens
     from gateway.sse import encode_event
     from gateway.translate.response_object import ResponseSettings
     from gateway.translate.stream import ResponsesStream
+    from gateway.upstreams.base import UpstreamCall
+    from gateway.upstreams.openai_compatible import (
+        chat_step,
+        completions_step,
+        read_chat_chunk,
+        read_completions_chunk,
+    )
 
     vocab = load_vocab_for(canned["tokenizer"])
     options = ParseOptions(vocab=vocab)
@@ -92,25 +99,22 @@ def run(canned: dict[str, Any], seconds: float, ks: tuple[int, ...] = KS, only: 
         translator.feed(tokens, choice["message"]["content"])
         return orjson.dumps(translator.final_response(choice["finish_reason"], None))
 
+    readers = {
+        "chat": UpstreamCall("/v1/chat/completions", {}, chat_step, load_chat_body, read_chat_chunk),
+        "completions": UpstreamCall("/v1/completions", {}, completions_step, read_chunk=read_completions_chunk),
+    }
+
     def stream(payloads: list[bytes], api: str, settings: ResponseSettings) -> int:
-        # ... and for a stream: every upstream chunk in, every Responses SSE frame out.
+        # ... and for a stream: every upstream chunk in (read as the server reads it), every Responses SSE
+        # frame out.
         translator = ResponsesStream(settings, serialized=True)
         size = sum(len(encode_event(e)) for e in translator.start())
         finish = None
+        read = readers[api].read
         for data in payloads:
-            choices = (load_chat_body(data, options) if api == "chat" else orjson.loads(data))["choices"]
-            if not choices:
-                continue
-            choice = choices[0]
-            logprobs = choice.get("logprobs")
-            if api == "chat":
-                text = choice["delta"].get("content") or ""
-                tokens = parse_chat(logprobs["content"] if logprobs else None, options).tokens
-            else:
-                text = choice.get("text") or ""
-                tokens = parse_completions(logprobs, options).tokens if logprobs else []
-            size += sum(len(encode_event(e)) for e in translator.feed(tokens, text))
-            finish = choice.get("finish_reason") or finish
+            step = read(data, options, True)
+            size += sum(len(encode_event(e)) for e in translator.feed(step.tokens, step.text))
+            finish = step.finish_reason or finish
         size += sum(len(encode_event(e)) for e in translator.finish(finish, None))
         return size
 
