@@ -25,6 +25,7 @@ from gateway.config import Config
 from gateway.errors import GatewayError, bad_request, upstream_error, upstream_timeout
 from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.parse import ParseOptions
+from gateway.memory import upstream_read_bufsize
 from gateway.metrics import Metrics, ReportCounters
 from gateway.middleware import (
     REQUEST_ID_HEADER,
@@ -499,7 +500,9 @@ def _tune_gc() -> None:
 async def _on_startup(app: web.Application) -> None:
     _tune_gc()
     state = app[STATE]
-    state.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=256))
+    # How much of each upstream response is read ahead of the translator (memory vs. throughput).
+    state.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=256),
+                                          read_bufsize=upstream_read_bufsize(os.environ))
     seen: set[int] = set()
     for route in state.routes.values():
         if route.upstream.health_interval <= 0 or id(route.replicas) in seen:

@@ -15,31 +15,18 @@ from pathlib import Path
 from aiohttp import web
 
 from gateway.config import Config, ConfigError, load_config, parse_config
-
-
-def release_free_memory() -> bool:
-    """Give the C heap's free pages back to the OS: glibc's `malloc_trim(0)`. False if not glibc.
-
-    Loading a tokenizer frees tens of MB of transients (file contents, intermediate dicts) that glibc
-    keeps mapped for reuse, so a gateway's RSS would stay that much above what it uses. Elsewhere
-    (macOS, musl, Windows) nothing is called.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        if not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
-            return False
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (ValueError, OSError, AttributeError):  # no such confstr name, no libc.so.6, no malloc_trim
-        return False
-    return True
+from gateway.memory import idle_trim_seconds, install_idle_trim, release_free_memory, upstream_read_bufsize
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.app import create_app
+    from gateway.app import STATE, create_app
 
+    try:
+        idle_trim = idle_trim_seconds(os.environ)
+        upstream_read_bufsize(os.environ)  # read again by the app at start-up; refused here, before loading
+    except ValueError as exc:
+        print(f"environment error: {exc}", file=sys.stderr)
+        return 2
     try:
         config = load_config(args.config)
         app = create_app(config)
@@ -50,6 +37,9 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    # The same after each burst of requests, once none is in flight (~45 MB after 256 streams).
+    state = app[STATE]
+    install_idle_trim(app, lambda: state.in_flight > 0, idle_trim)
     from gateway.server import configure_logging, serve
 
     configure_logging(config.logging.level)

@@ -1,0 +1,187 @@
+"""`serve` hands freed heap back to the OS when idle again (glibc), and the environment can turn it off.
+
+Nothing here measures memory (bench/RESULTS.md does): the tests pin when a trim happens, that the
+setting reaches the running server, and that it is skipped where there is no glibc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import pytest
+from aiohttp import web
+
+from gateway import cli, memory
+
+ENV = memory.IDLE_TRIM_ENV
+
+
+def _glibc() -> bool:
+    return memory.glibc() is not None
+
+
+# ----------------------------------------------------------------------------- the setting
+
+
+@pytest.mark.parametrize(("value", "seconds"), [(None, 1.0), ("", 1.0), (" 2.5 ", 2.5), ("0", 0.0), ("0.25", 0.25)])
+def test_idle_trim_seconds_defaults_to_one_and_zero_turns_it_off(value, seconds):
+    environ = {} if value is None else {ENV: value}
+    assert memory.idle_trim_seconds(environ) == seconds
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "nan", "inf"])
+def test_idle_trim_seconds_refuses_what_is_not_a_duration(value):
+    with pytest.raises(ValueError, match=ENV):
+        memory.idle_trim_seconds({ENV: value})
+
+
+@pytest.mark.parametrize(("value", "size"), [(None, 65536), ("", 65536), ("8192", 8192), (" 16384 ", 16384)])
+def test_upstream_read_bufsize_defaults_to_aiohttps(value, size):
+    environ = {} if value is None else {memory.READ_BUFSIZE_ENV: value}
+    assert memory.upstream_read_bufsize(environ) == size
+
+
+@pytest.mark.parametrize("value", ["8k", "0", "-8192", "1023", "16777217", "8192.0"])
+def test_upstream_read_bufsize_refuses_what_is_not_a_sane_size(value):
+    with pytest.raises(ValueError, match=memory.READ_BUFSIZE_ENV):
+        memory.upstream_read_bufsize({memory.READ_BUFSIZE_ENV: value})
+
+
+@pytest.mark.parametrize(("value", "limits"), [(None, (65536, 131072)), ("8192", (8192, 16384))])
+async def test_upstream_responses_are_read_with_the_configured_buffer(monkeypatch, aiohttp_server, tmp_path,
+                                                                      value, limits):
+    from gateway.app import STATE, create_app
+    from gateway.config import load_config
+
+    if value is None:
+        monkeypatch.delenv(memory.READ_BUFSIZE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(memory.READ_BUFSIZE_ENV, value)
+    gateway = await aiohttp_server(create_app(load_config(_config(tmp_path))))
+    session = gateway.app[STATE].session
+    async with session.get(gateway.make_url("/healthz")) as reply:  # any answer: the reader is the session's
+        assert reply.content.get_read_buffer_limits() == limits
+
+
+# ----------------------------------------------------------------------------- when it trims
+
+
+class _Heap:
+    """A fake RSS that grows with requests and shrinks when trimmed."""
+
+    def __init__(self) -> None:
+        self.rss = 100 << 20
+        self.trims = 0
+
+    def trim(self) -> None:
+        self.trims += 1
+        self.rss -= 20 << 20
+
+
+def test_trims_only_when_idle_and_grown_by_the_slack():
+    heap = _Heap()
+    busy = [False]
+    trimmer = memory.IdleTrimmer(lambda: busy[0], heap.trim, lambda: heap.rss, slack=8 << 20)
+    assert not trimmer.tick()  # nothing grew since start
+
+    heap.rss += 7 << 20
+    assert not trimmer.tick()  # grew, but less than the slack
+
+    heap.rss += 40 << 20
+    busy[0] = True
+    assert not trimmer.tick()  # a request is in flight: never under load
+    busy[0] = False
+    assert trimmer.tick() and heap.trims == 1
+    assert trimmer.floor == heap.rss  # measured after the trim
+    assert not trimmer.tick()  # idle and trimmed: no trim in a loop
+    assert heap.trims == trimmer.trims == 1
+
+
+@pytest.mark.skipif(not _glibc(), reason="malloc_trim is glibc's")
+async def test_the_running_app_trims_when_idle_and_stops_with_it(aiohttp_server):
+    app = web.Application()
+    busy = [True]
+    trimmer = memory.install_idle_trim(app, lambda: busy[0], 0.01)
+    assert trimmer is not None
+    heap = _Heap()
+    trimmer.trim, trimmer.rss = heap.trim, lambda: heap.rss
+    server = await aiohttp_server(app)
+    heap.rss += 50 << 20
+    await asyncio.sleep(0.1)
+    assert heap.trims == 0  # busy all along
+    busy[0] = False
+    for _ in range(100):
+        if heap.trims:
+            break
+        await asyncio.sleep(0.01)
+    assert heap.trims == 1
+    await server.close()
+    heap.rss += 50 << 20
+    await asyncio.sleep(0.05)
+    assert heap.trims == 1  # the task ended with the app
+
+
+def test_nothing_is_installed_when_turned_off_or_without_glibc(monkeypatch):
+    app = web.Application()
+    assert memory.install_idle_trim(app, lambda: False, 0) is None
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert memory.install_idle_trim(app, lambda: False, 1.0) is None
+    assert memory.release_free_memory() is False
+    assert len(app.cleanup_ctx) == 0
+
+
+# ----------------------------------------------------------------------------- serve wires it
+
+
+def _config(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(json.dumps({  # JSON is YAML
+        "upstreams": {"sim": {"urls": ["http://127.0.0.1:9"], "health_interval": 0}},
+        "models": {"demo-model": {"upstream": "sim", "tokenizer": {"builtin": "demo"}}},
+        "store": {"backend": "memory"},
+    }))
+    return path
+
+
+@pytest.mark.parametrize(("value", "interval"), [(None, 1.0), ("0", 0.0), ("3", 3.0)])
+def test_serve_installs_the_idle_trim_the_environment_asks_for(monkeypatch, tmp_path, value, interval):
+    import gc
+
+    import gateway.server
+    from gateway.app import STATE
+
+    if value is None:
+        monkeypatch.delenv(ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENV, value)
+    seen = {}
+
+    def fake_install(app, busy, seconds):
+        state = app[STATE]
+        seen["interval"] = seconds
+        seen["busy"] = [busy()]
+        state.in_flight += 1
+        seen["busy"].append(busy())
+        state.in_flight -= 1
+
+    async def fake_serve(app, host, port, grace):
+        seen["served"] = True
+
+    monkeypatch.setattr(cli, "install_idle_trim", fake_install)
+    monkeypatch.setattr(gateway.server, "serve", fake_serve)
+    monkeypatch.setattr(gateway.server, "configure_logging", lambda level: None)
+    try:
+        assert cli.main(["serve", "--config", str(_config(tmp_path))]) == 0
+    finally:
+        gc.unfreeze()
+    assert seen == {"interval": interval, "busy": [False, True], "served": True}
+
+
+@pytest.mark.parametrize(("name", "value"), [(ENV, "often"), (memory.READ_BUFSIZE_ENV, "big")])
+def test_serve_refuses_a_bad_setting_before_loading_anything(monkeypatch, tmp_path, capsys, name, value):
+    monkeypatch.setenv(name, value)
+    monkeypatch.setattr(cli, "load_config", lambda path: pytest.fail("loaded the config"))
+    assert cli.main(["serve", "--config", str(_config(tmp_path))]) == 2
+    assert name in capsys.readouterr().err
