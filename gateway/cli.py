@@ -90,6 +90,11 @@ async def _demo(args: argparse.Namespace) -> int:
     from gateway.logprobs.vocab import load_bpe_files
     from gateway.simulator.vllm import create_app as create_simulator
 
+    try:
+        upstream_read_bufsize(os.environ)  # read by the app at start-up; refused here, as `serve` does
+    except ValueError as exc:
+        print(f"environment error: {exc}", file=sys.stderr)
+        return 2
     if args.qwen2_dir:
         vocab = load_bpe_files(args.qwen2_dir / "vocab.json", args.qwen2_dir / "merges.txt")
         model = "Qwen/Qwen2-0.5B"

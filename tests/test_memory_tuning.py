@@ -185,3 +185,9 @@ def test_serve_refuses_a_bad_setting_before_loading_anything(monkeypatch, tmp_pa
     monkeypatch.setattr(cli, "load_config", lambda path: pytest.fail("loaded the config"))
     assert cli.main(["serve", "--config", str(_config(tmp_path))]) == 2
     assert name in capsys.readouterr().err
+
+
+def test_demo_refuses_a_bad_read_buffer_size_as_serve_does(monkeypatch, capsys):
+    monkeypatch.setenv(memory.READ_BUFSIZE_ENV, "big")
+    assert cli.main(["demo"]) == 2
+    assert memory.READ_BUFSIZE_ENV in capsys.readouterr().err
