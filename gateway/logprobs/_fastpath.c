@@ -31,8 +31,13 @@ placeholder_id(PyObject *string, PyObject *table)
     if (string == NULL || !PyUnicode_CheckExact(string) || !PyUnicode_IS_COMPACT_ASCII(string)) {
         return -1; /* non-ASCII digits are Python's (str.isdecimal accepts them) */
     }
-    Py_ssize_t length = PyUnicode_GET_LENGTH(string);
-    const char *text = (const char *)PyUnicode_DATA(string);
+    return fp_placeholder_text((const char *)PyUnicode_DATA(string), PyUnicode_GET_LENGTH(string), table);
+}
+
+/* The id in `token_id:N` ASCII text whose id has bytes in `table`, or -1 (shared with the JSON reader). */
+Py_ssize_t
+fp_placeholder_text(const char *text, Py_ssize_t length, PyObject *table)
+{
     if (length < 10 || memcmp(text, "token_id:", 9) != 0) {
         return -1;
     }

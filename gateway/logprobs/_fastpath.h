@@ -69,6 +69,7 @@ utf8_sequence(const unsigned char *s, Py_ssize_t available)
 PyObject *fp_candidate(PyObject *data, PyObject *logprob, Py_ssize_t id);
 PyObject *fp_token(PyObject *data, PyObject *logprob, PyObject *top, Py_ssize_t id, int special, int top_absent);
 int fp_check_ready(PyObject *table, PyObject *flags);
+Py_ssize_t fp_placeholder_text(const char *text, Py_ssize_t length, PyObject *table);
 
 /* _fastpath_json.c */
 PyObject *fp_split_chat_logprobs(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

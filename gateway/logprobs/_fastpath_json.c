@@ -249,26 +249,13 @@ small_integers(Reader *r)
 
 static int check_value(Reader *r, int depth);
 
-/* The id of a `token_id:N` string whose id has bytes in `table`, or -1 (what placeholder_id accepts). */
+/* The id of a plain `token_id:N` string whose id has bytes in `table`, or -1 (what placeholder_id accepts). */
 static Py_ssize_t
 strict_placeholder(Reader *r, PyObject *table)
 {
     const char *text;
     Py_ssize_t length;
-    if (!strict_string(r, &text, &length) || length < 10 || memcmp(text, "token_id:", 9) != 0) {
-        return -1;
-    }
-    Py_ssize_t size = PyTuple_GET_SIZE(table), id = 0;
-    for (Py_ssize_t i = 9; i < length; i++) {
-        if (text[i] < '0' || text[i] > '9') {
-            return -1;
-        }
-        id = id * 10 + (text[i] - '0');
-        if (id >= size) {
-            return -1;
-        }
-    }
-    return PyTuple_GET_ITEM(table, id) == Py_None ? -1 : id;
+    return strict_string(r, &text, &length) ? fp_placeholder_text(text, length, table) : -1;
 }
 
 /* `-ddd.ddd` with at most 15 digits in all, as a double, by Clinger's fast path: the digits as an integer
@@ -307,8 +294,8 @@ exact_decimal(const char *text, Py_ssize_t length, double *value)
 }
 
 /* A float logprob strictly between the sentinel and +inf (plain_logprob's rule), as a new float;
- * NULL with no error set when it is anything else. Read by Python's own correctly rounded reader,
- * which gives the double orjson gives. */
+ * NULL with no error set when it is anything else. Short decimals by exact_decimal, the rest by
+ * Python's own correctly rounded reader: either way the double orjson gives. */
 static PyObject *
 strict_logprob(Reader *r)
 {
@@ -337,6 +324,55 @@ strict_logprob(Reader *r)
     }
     return PyFloat_FromDouble(value);
 }
+
+/* Set `bit` in *seen; 0 when it was set already (a repeated member: which one counts is orjson's business). */
+static inline int
+first_time_bit(int *seen, int bit)
+{
+    if (*seen & bit) {
+        return 0;
+    }
+    *seen |= bit;
+    return 1;
+}
+
+/* Reads one array item (a new reference), or NULL when declined (no error set) or on an error. */
+typedef PyObject *(*ArrayItem)(Reader *r, void *context);
+
+/* `[item, ...]` -> a new list of what `item` reads; NULL when declined (no error set) or on an error. */
+static PyObject *
+array_of(Reader *r, ArrayItem item, void *context)
+{
+    if (!take(r, '[')) {
+        return NULL;
+    }
+    PyObject *list = PyList_New(0);
+    if (list == NULL || take(r, ']')) {
+        return list;
+    }
+    do {
+        PyObject *value = item(r, context);
+        if (value == NULL || PyList_Append(list, value) < 0) {
+            Py_XDECREF(value);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(value);
+    } while (take(r, ','));
+    if (!take(r, ']')) {
+        Py_DECREF(list);
+        return NULL;
+    }
+    return list;
+}
+
+/* The vocabulary a record reader needs; `special_flags` NULL for alternatives (candidates). */
+typedef struct {
+    PyObject *table;
+    const char *special_flags;
+} Tables;
+
+static PyObject *strict_record(Reader *r, void *context);
 
 enum { SEEN_TOKEN = 1, SEEN_LOGPROB = 2, SEEN_TOP = 4, SEEN_SPECIAL = 8 };
 
@@ -368,13 +404,14 @@ shared_member(Reader *r, const char *name, Py_ssize_t length, PyObject *table, i
  * -> a Candidate (whose `top_logprobs` and `special` are members like any other); NULL when declined
  * (no error set) or on an error. */
 static PyObject *
-strict_record(Reader *r, PyObject *table, const char *special_flags)
+strict_record(Reader *r, void *context)
 {
+    const Tables *tables = context;
+    PyObject *table = tables->table;
     const char *name;
-    Py_ssize_t name_length, id = -1, count = 0;
-    PyObject *logprob = NULL, *result = NULL, *top = NULL;
-    PyObject *alternatives[MAX_CANDIDATES];
-    int seen = 0, special = 0, entry = special_flags != NULL;
+    Py_ssize_t name_length, id = -1;
+    PyObject *logprob = NULL, *result = NULL, *listed = NULL;
+    int seen = 0, special = 0, entry = tables->special_flags != NULL;
     if (!take(r, '{')) {
         return NULL;
     }
@@ -391,34 +428,19 @@ strict_record(Reader *r, PyObject *table, const char *special_flags)
                 continue;
             }
             if (entry && is_name(name, name_length, "top_logprobs")) {
-                if (seen & SEEN_TOP) {
+                Tables alternatives = {table, NULL};
+                if (!first_time_bit(&seen, SEEN_TOP)) {
                     goto done;
                 }
-                seen |= SEEN_TOP;
-                if (strict_literal(r, "null")) {
-                    continue;
-                }
-                if (!take(r, '[')) {
-                    goto done; /* a value Python may read as "none" or refuse: its call */
-                }
-                if (take(r, ']')) {
-                    continue;
-                }
-                do {
-                    if (count == MAX_CANDIDATES || (alternatives[count] = strict_record(r, table, NULL)) == NULL) {
-                        goto done;
-                    }
-                    count++;
-                } while (take(r, ','));
-                if (!take(r, ']')) {
+                /* null reads as none; any other non-array is Python's call (it may read it as none or refuse) */
+                if (!strict_literal(r, "null") && (listed = array_of(r, strict_record, &alternatives)) == NULL) {
                     goto done;
                 }
             }
             else if (entry && is_name(name, name_length, "special")) {
-                if (seen & SEEN_SPECIAL) {
+                if (!first_time_bit(&seen, SEEN_SPECIAL)) {
                     goto done;
                 }
-                seen |= SEEN_SPECIAL;
                 if (strict_literal(r, "true")) {
                     special = 1;
                 }
@@ -434,27 +456,22 @@ strict_record(Reader *r, PyObject *table, const char *special_flags)
             goto done;
         }
     }
-    if ((seen & (SEEN_TOKEN | SEEN_LOGPROB)) != (SEEN_TOKEN | SEEN_LOGPROB)) {
+    if ((seen & (SEEN_TOKEN | SEEN_LOGPROB)) != (SEEN_TOKEN | SEEN_LOGPROB)
+        || (listed != NULL && PyList_GET_SIZE(listed) > MAX_CANDIDATES)) {
         goto done;
     }
     if (!entry) {
         result = fp_candidate(PyTuple_GET_ITEM(table, id), logprob, id);
         goto done;
     }
-    top = fp_untracked(PyTuple_New(count));
-    if (top == NULL) {
-        goto done;
+    PyObject *top = fp_untracked(listed == NULL ? PyTuple_New(0) : PyList_AsTuple(listed));
+    if (top != NULL) {
+        result = fp_token(PyTuple_GET_ITEM(table, id), logprob, top, id,
+                          special || tables->special_flags[id] != 0, 0);
+        Py_DECREF(top);
     }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyTuple_SET_ITEM(top, i, alternatives[i]); /* steals */
-    }
-    count = 0;
-    result = fp_token(PyTuple_GET_ITEM(table, id), logprob, top, id, special || special_flags[id] != 0, 0);
 done:
-    for (Py_ssize_t i = 0; i < count; i++) {
-        Py_DECREF(alternatives[i]);
-    }
-    Py_XDECREF(top);
+    Py_XDECREF(listed);
     Py_XDECREF(logprob);
     return result;
 }
@@ -466,36 +483,22 @@ strict_logprobs(Reader *r, PyObject *table, const char *special_flags, Py_ssize_
 {
     const char *name;
     Py_ssize_t name_length;
-    if (!take(r, '{') || !read_name(r, &name, &name_length) || !is_name(name, name_length, "content")
-        || !take(r, '[')) {
+    Tables entries = {table, special_flags};
+    if (!take(r, '{') || !read_name(r, &name, &name_length) || !is_name(name, name_length, "content")) {
         return NULL;
     }
-    *start = r->at - 1 - base;
-    PyObject *tokens = PyList_New(0);
+    skip_space(r);
+    *start = r->at - base;
+    PyObject *tokens = array_of(r, strict_record, &entries);
     if (tokens == NULL) {
         return NULL;
     }
-    if (!take(r, ']')) {
-        do {
-            PyObject *record = strict_record(r, table, special_flags);
-            if (record == NULL || PyList_Append(tokens, record) < 0) {
-                Py_XDECREF(record);
-                goto fail;
-            }
-            Py_DECREF(record);
-        } while (take(r, ','));
-        if (!take(r, ']')) {
-            goto fail;
-        }
-    }
     *end = r->at - base;
     if (!take(r, '}')) {
-        goto fail; /* another member beside content: Python's */
+        Py_DECREF(tokens);
+        return NULL; /* another member beside content: Python's */
     }
     return tokens;
-fail:
-    Py_DECREF(tokens);
-    return NULL;
 }
 
 /* Walk `{..., "choices": [{..., "logprobs": <value>, ...}, ...], ...}` to the first choice's logprobs
@@ -823,16 +826,6 @@ each_member(Reader *r, MemberVisitor visit, void *state)
     return take(r, '}');
 }
 
-/* Set `bit` in *seen; 0 when it was set already (a repeated member: which one counts is orjson's business). */
-static inline int
-first_time_bit(int *seen, int bit)
-{
-    if (*seen & bit) {
-        return 0;
-    }
-    *seen |= bit;
-    return 1;
-}
 
 /* One position's `{"token_id:N": logprob, ...}` -> a tuple of Candidates in the object's order; NULL when
  * declined (a repeated id: orjson would keep one) or on an error. */
@@ -912,6 +905,25 @@ failed(void)
     return PyErr_Occurred() ? -1 : 0;
 }
 
+static PyObject *
+placeholder_item(Reader *r, void *table)
+{
+    Py_ssize_t id = strict_placeholder(r, table);
+    return id < 0 ? NULL : PyLong_FromSsize_t(id);
+}
+
+static PyObject *
+logprob_or_null(Reader *r, void *context)
+{
+    return strict_literal(r, "null") ? Py_NewRef(Py_None) : strict_logprob(r);
+}
+
+static PyObject *
+top_dict_or_null(Reader *r, void *table)
+{
+    return strict_literal(r, "null") ? Py_NewRef(Py_None) : top_dict(r, table);
+}
+
 /* Completions logprobs `{"tokens": [...], "token_logprobs": [...], "top_logprobs": [{...}], "text_offset": [...]}`
  * -> Tokens, exactly what completions_from_ids makes of them (see parse._completions_from_ids); NULL
  * when declined (no error set) or on an error. */
@@ -919,9 +931,9 @@ static PyObject *
 completions_logprobs(Reader *r, PyObject *table, const char *special_flags)
 {
     const char *name;
-    Py_ssize_t name_length, count = 0, capacity = 0;
-    Py_ssize_t *ids = NULL;
-    PyObject *values = NULL, *tops = NULL, *tokens = NULL; /* tops: a tuple of candidates, or None, per position */
+    Py_ssize_t name_length;
+    /* ids: the tokens' ids; values: floats or None; tops: a tuple of candidates or None per position */
+    PyObject *ids = NULL, *values = NULL, *tops = NULL, *tokens = NULL;
     int seen = 0;
     if (!take(r, '{')) {
         return NULL;
@@ -932,71 +944,18 @@ completions_logprobs(Reader *r, PyObject *table, const char *special_flags)
                 goto done;
             }
             if (is_name(name, name_length, "tokens")) {
-                if (!first_time_bit(&seen, 1) || !take(r, '[')) {
-                    goto done;
-                }
-                if (take(r, ']')) {
-                    continue;
-                }
-                do {
-                    if (count == capacity) {
-                        capacity = capacity ? 2 * capacity : 16;
-                        Py_ssize_t *grown = PyMem_Realloc(ids, sizeof(Py_ssize_t) * (size_t)capacity);
-                        if (grown == NULL) {
-                            PyErr_NoMemory();
-                            goto done;
-                        }
-                        ids = grown;
-                    }
-                    if ((ids[count++] = strict_placeholder(r, table)) < 0) {
-                        goto done;
-                    }
-                } while (take(r, ','));
-                if (!take(r, ']')) {
+                if (!first_time_bit(&seen, 1) || (ids = array_of(r, placeholder_item, table)) == NULL) {
                     goto done;
                 }
             }
             else if (is_name(name, name_length, "token_logprobs")) {
-                if (!first_time_bit(&seen, 2) || !take(r, '[') || (values = PyList_New(0)) == NULL) {
-                    goto done;
-                }
-                if (take(r, ']')) {
-                    continue;
-                }
-                do {
-                    PyObject *value = strict_literal(r, "null") ? Py_NewRef(Py_None) : strict_logprob(r);
-                    if (value == NULL || PyList_Append(values, value) < 0) {
-                        Py_XDECREF(value);
-                        goto done;
-                    }
-                    Py_DECREF(value);
-                } while (take(r, ','));
-                if (!take(r, ']')) {
+                if (!first_time_bit(&seen, 2) || (values = array_of(r, logprob_or_null, NULL)) == NULL) {
                     goto done;
                 }
             }
             else if (is_name(name, name_length, "top_logprobs")) {
-                if (!first_time_bit(&seen, 4)) {
-                    goto done;
-                }
-                if (strict_literal(r, "null")) {
-                    continue;
-                }
-                if (!take(r, '[') || (tops = PyList_New(0)) == NULL) {
-                    goto done;
-                }
-                if (take(r, ']')) {
-                    continue;
-                }
-                do {
-                    PyObject *top = strict_literal(r, "null") ? Py_NewRef(Py_None) : top_dict(r, table);
-                    if (top == NULL || PyList_Append(tops, top) < 0) {
-                        Py_XDECREF(top);
-                        goto done;
-                    }
-                    Py_DECREF(top);
-                } while (take(r, ','));
-                if (!take(r, ']')) {
+                if (!first_time_bit(&seen, 4)
+                    || (!strict_literal(r, "null") && (tops = array_of(r, top_dict_or_null, table)) == NULL)) {
                     goto done;
                 }
             }
@@ -1009,6 +968,7 @@ completions_logprobs(Reader *r, PyObject *table, const char *special_flags)
         }
     }
     /* Python reads a missing `tokens` or `token_logprobs` as empty, and refuses arrays of different lengths. */
+    Py_ssize_t count = ids == NULL ? 0 : PyList_GET_SIZE(ids);
     if ((values == NULL ? 0 : PyList_GET_SIZE(values)) != count || (tops != NULL && PyList_GET_SIZE(tops) != count)) {
         goto done;
     }
@@ -1017,14 +977,15 @@ completions_logprobs(Reader *r, PyObject *table, const char *special_flags)
         goto done;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t id = PyLong_AsSsize_t(PyList_GET_ITEM(ids, i)); /* a small int made above: cannot fail */
         PyObject *top = tops == NULL ? Py_None : PyList_GET_ITEM(tops, i);
         PyObject *empty = NULL;
         if (top == Py_None && (empty = PyTuple_New(0)) == NULL) {
             Py_CLEAR(tokens);
             goto done;
         }
-        PyObject *record = fp_token(PyTuple_GET_ITEM(table, ids[i]), PyList_GET_ITEM(values, i),
-                                    top == Py_None ? empty : top, ids[i], special_flags[ids[i]] != 0, top == Py_None);
+        PyObject *record = fp_token(PyTuple_GET_ITEM(table, id), PyList_GET_ITEM(values, i),
+                                    top == Py_None ? empty : top, id, special_flags[id] != 0, top == Py_None);
         Py_XDECREF(empty);
         if (record == NULL) {
             Py_CLEAR(tokens);
@@ -1033,7 +994,7 @@ completions_logprobs(Reader *r, PyObject *table, const char *special_flags)
         PyList_SET_ITEM(tokens, i, record);
     }
 done:
-    PyMem_Free(ids);
+    Py_XDECREF(ids);
     Py_XDECREF(values);
     Py_XDECREF(tops);
     return tokens;

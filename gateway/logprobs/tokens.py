@@ -15,6 +15,8 @@ from enum import Enum
 from operator import attrgetter
 from typing import NamedTuple
 
+import orjson
+
 # OpenAI's documented "very unlikely" value; every other sentinel is mapped to it so that no
 # output ever carries NaN, Infinity or float32-lowest.
 SENTINEL_LOGPROB = -9999.0
@@ -134,6 +136,4 @@ class IdTokens:
         self.tokens, self.raw, self.start, self.end = tokens, raw, start, end
 
     def entries(self) -> list:
-        import orjson
-
         return orjson.loads(memoryview(self.raw)[self.start:self.end])
