@@ -121,7 +121,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
     turn = await begin_turn(request.app, body)  # previous_response_id's history, from the store
     gen = generation_from_responses(body, turn.history)
-    settings = turn.settings(responses_settings(body, gen))
+    settings = responses_settings(body, gen, store=turn.stored, previous_response_id=turn.previous_response_id)
     def front(route: Route) -> FrontTranslator:
         # Events are only serialized here: logprobs go out as JSON written once (no entry dicts), and a
         # non-streamed Response skips the delta events nobody would see.

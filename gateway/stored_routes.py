@@ -12,7 +12,6 @@ The Response is kept as sent, logprobs included; GET strips them unless `include
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +27,6 @@ from gateway.store import Item, ResponseStore, open_store, page_items
 from gateway.translate.fronts import FrontTranslator
 from gateway.translate.input_items import replayed_items, stored_input_items, without_logprobs
 from gateway.translate.request import LOGPROBS_INCLUDE
-from gateway.translate.response_object import ResponseSettings
 
 log = logging.getLogger("responses_gateway.store")
 
@@ -99,10 +97,10 @@ class Turn:
     history: list[Item] = field(default_factory=list)
     front: _RecordingFront | None = None
 
-    def settings(self, settings: ResponseSettings) -> ResponseSettings:
-        """The Response echoes `store` as it will be honoured, and the id it continues."""
-        return dataclasses.replace(settings, store=self.store is not None,
-                                   previous_response_id=self.previous_response_id)
+    @property
+    def stored(self) -> bool:
+        """The Response echoes `store` as it will be honoured."""
+        return self.store is not None
 
     def track(self, front: FrontTranslator) -> FrontTranslator:
         if self.store is None:

@@ -78,8 +78,10 @@ def generation_from_responses(body: dict[str, Any], history: Sequence[dict[str, 
     )
 
 
-def responses_settings(body: dict[str, Any], gen: Generation) -> ResponseSettings:
+def responses_settings(body: dict[str, Any], gen: Generation, *, store: bool = False,
+                       previous_response_id: str | None = None) -> ResponseSettings:
     """What the Response echoes of its (validated) request: given values, else the defaults it ran with.
+    `store` and `previous_response_id` as the gateway honours them (the response store decides).
 
     Both contracts are met: numbers are never null, function tools carry description, parameters
     and strict, a json_schema format carries description and a boolean strict.
@@ -107,6 +109,8 @@ def responses_settings(body: dict[str, Any], gen: Generation) -> ResponseSetting
         truncation=body.get("truncation") or "disabled",
         safety_identifier=body.get("safety_identifier"),
         prompt_cache_key=body.get("prompt_cache_key"),
+        store=store,
+        previous_response_id=previous_response_id,
     )
 
 

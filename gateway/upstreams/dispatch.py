@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+
 from gateway.errors import bad_request
 from gateway.logprobs.parse import ParseOptions
+from gateway.logprobs.vocab import Vocab
 from gateway.routing import Route
 from gateway.translate.chat_template import ChatTemplateError, render_prompt
 from gateway.translate.generation import Generation
@@ -56,4 +59,10 @@ def _refuse_chat_only(gen: Generation, api: str) -> None:
 
 def parse_options(route: Route) -> ParseOptions:
     """How to read this route's logprobs: its dialect's flavor with the model's tokenizer."""
-    return FLAVORS[route.upstream.dialect].parse_options(route.vocab)
+    return _parse_options(route.upstream.dialect, route.vocab)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_options(dialect: str, vocab: Vocab | None) -> ParseOptions:
+    # Built once per route rather than per request (options are frozen; vocabularies hash by identity).
+    return FLAVORS[dialect].parse_options(vocab)
