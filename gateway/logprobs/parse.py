@@ -13,6 +13,8 @@ import math
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import attrgetter, not_
 from typing import Any
 
 from gateway.logprobs.align import Piece, align
@@ -467,9 +469,16 @@ def _completions_from_ids_python(strings: list[Any], values: list[Any], tops: li
     return tokens
 
 
+_special_of = attrgetter("special")
+_bytes_of = attrgetter("bytes")
+
+
 def _spells(tokens: list[Token], text: str) -> bool:
     """The exact tokens spell `text` as they are: then aligning against it would change nothing."""
-    return b"".join([token.bytes for token in tokens if not token.special]) == text.encode()
+    specials = list(map(_special_of, tokens))  # C-level passes: a body has hundreds of tokens
+    if True in specials:
+        tokens = list(compress(tokens, map(not_, specials)))
+    return b"".join(map(_bytes_of, tokens)) == text.encode()
 
 
 # --- general readers ------------------------------------------------------------------------------
