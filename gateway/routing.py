@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.config import Config, ConfigError, Upstream
-from gateway.logprobs.vocab import Vocab, VocabError, load_vocab
+from gateway.logprobs.vocab import HFVocab, Vocab, VocabError, load_vocab
 from gateway.replicas import ReplicaSet
 from gateway.translate.chat_template import ChatTemplate, ChatTemplateError
 
@@ -36,8 +36,17 @@ def _load_template(config: Config, name: str, path: str | None, tokenizer_dir: P
     return None
 
 
+def encodes_per_request(upstream: Upstream) -> bool:
+    """Whether requests to `upstream` call `vocab.encode`: TGI's native /generate reports no prompt
+    token count, so the gateway counts the prompt itself (gateway.upstreams.tgi)."""
+    return upstream.api == "generate" and upstream.dialect == "tgi"
+
+
 def build_routes(config: Config) -> dict[str, Route]:
     """Load every model's tokenizer and template now, so a bad one fails at start.
+
+    An HF vocabulary lets its Tokenizer go once its tables are built; routes that encode per
+    request keep it loaded from the start (`HFVocab.require_encoder`).
 
     Aliases map to the same route; replicas are shared per upstream so load balancing and
     health see all of an upstream's traffic.
@@ -59,6 +68,8 @@ def build_routes(config: Config) -> dict[str, Route]:
             if "directory" in model.tokenizer:
                 tokenizer_dir = config.resolve(model.tokenizer["directory"])
         upstream = config.upstreams[model.upstream]
+        if isinstance(vocab, HFVocab) and encodes_per_request(upstream):
+            vocab.require_encoder()  # loaded now: a reload would stall the event loop on a request
         template = _load_template(config, name, model.chat_template, tokenizer_dir)
         route = Route(name, model.upstream, upstream, model.upstream_model or name, vocab, template,
                       replica_sets[model.upstream])

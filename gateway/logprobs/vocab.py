@@ -2,10 +2,13 @@
 
 Servers spell tokens lossily; the model's own vocabulary is the ground truth for what each id is.
 Every backend builds its id -> bytes and bytes -> id tables once, when it loads, so the hot path is
-plain list and dict indexing. (An HF vocabulary's piece -> id table, the largest and wanted only by
-routes that read raw pieces, is built on its first lookup instead.) Loaders read local files first
-and touch the network only for names that cannot be local (`tiktoken.get_encoding`, the HF Hub),
-failing with a `VocabError` that says so.
+plain list and dict indexing. Only those tables are kept: an HF vocabulary loaded from files drops
+its `tokenizers.Tokenizer` (~31 MB for Qwen2) once they are built and reloads it from the same files
+on the first `encode` or raw-piece lookup (`require_encoder` loads it ahead, for routes that encode
+per request). Its piece -> id table, wanted only by routes that read raw pieces, is likewise built
+on its first lookup. Loaders read local files first and touch the network only for names that
+cannot be local (`tiktoken.get_encoding`, the HF Hub), failing with a `VocabError` that says so.
+`tiktoken` itself is imported only when a tiktoken vocabulary is loaded.
 """
 
 from __future__ import annotations
@@ -16,12 +19,15 @@ import functools
 import json
 import os
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import tiktoken
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+if TYPE_CHECKING:
+    import tiktoken
 
 
 @runtime_checkable
@@ -223,13 +229,29 @@ class HFVocab(_TableVocab):
     (Llama-2, Mistral, Phi-3: '▁' = space, '<0xNN>' = one byte with byte fallback) or PLAIN (the
     piece's UTF-8). Added tokens always hold raw text. `tokenizer` is the underlying Tokenizer.
 
+    The tables need the Tokenizer only while they are built. Given `loader` (a zero-argument
+    function that builds the same Tokenizer again, as the file loaders below pass), the vocabulary
+    lets it go afterwards and `tokenizer` reloads it on first use: `encode` and the first
+    `id_for_piece`, which most gateways never call. For Qwen2 that keeps ~31 MB out of the resident
+    set for a reload of about a second. A route that encodes per request calls `require_encoder()`
+    at start-up so no request pays the reload. Without `loader` the Tokenizer is kept.
+
     The piece -> id table is built on the first `id_for_piece` (only routes with `pieces: true` and
     the simulator ask): for Qwen2's 151k pieces it costs ~15 MB that most gateways never use.
     """
 
-    def __init__(self, tokenizer: Tokenizer, name: str = "hf", *, extra_special_ids: Iterable[int] = ()):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        name: str = "hf",
+        *,
+        extra_special_ids: Iterable[int] = (),
+        loader: Callable[[], Tokenizer] | None = None,
+    ):
         self.name = name
-        self.tokenizer = tokenizer
+        self._loader = loader
+        self._lock = threading.Lock()
+        self._tokenizer: Tokenizer | None = tokenizer
         self.scheme, self.byte_fallback = _detect_scheme(_pipeline_config(tokenizer))
 
         pieces = tokenizer.get_vocab(with_added_tokens=False)
@@ -257,6 +279,38 @@ class HFVocab(_TableVocab):
 
         self._set_tables(table, special, rank)
         self._pieces: dict[str, int] | None = None  # `pieces` is dropped; `id_for_piece` rebuilds it
+        self._vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)  # to check a reload against
+        if loader is not None:
+            self._tokenizer = None  # reloaded by `tokenizer` on first use
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The underlying Tokenizer, reloaded (once, under a lock) if it was let go after loading.
+
+        A reload reads the files again: VocabError if they are gone, or no longer the vocabulary
+        the tables were built from.
+        """
+        tokenizer = self._tokenizer
+        if tokenizer is None:
+            with self._lock:
+                tokenizer = self._tokenizer
+                if tokenizer is None:
+                    assert self._loader is not None  # only a vocabulary with a loader lets it go
+                    tokenizer = self._loader()
+                    if tokenizer.get_vocab_size(with_added_tokens=True) != self._vocab_size:
+                        raise VocabError(f"{self.name}: the tokenizer files changed since they were loaded")
+                    self._tokenizer = tokenizer
+        return tokenizer
+
+    @property
+    def tokenizer_loaded(self) -> bool:
+        """Whether the Tokenizer is in memory now (False: the next `encode` reloads it)."""
+        return self._tokenizer is not None
+
+    def require_encoder(self) -> HFVocab:
+        """Load the Tokenizer now, so `encode` never reloads it later (e.g. on an event loop)."""
+        _ = self.tokenizer
+        return self
 
     def _piece_ids(self) -> dict[str, int]:
         """Raw vocabulary spelling -> id: the model's pieces, then added tokens by their text."""
@@ -385,7 +439,8 @@ def _tokenizer_from_file(path: Path) -> Tokenizer:
 def load_tokenizer_json(path: str | os.PathLike[str], *, name: str | None = None) -> HFVocab:
     """A `tokenizer.json` file."""
     path = Path(path)
-    return HFVocab(_tokenizer_from_file(path), name or _name_of(path))
+    loader = functools.partial(_tokenizer_from_file, path)
+    return HFVocab(loader(), name or _name_of(path), loader=loader)
 
 
 def _name_of(path: Path) -> str:
@@ -456,7 +511,8 @@ def load_bpe_files(
     """
     vocab_path = Path(vocab_json)
     added = None if special_tokens is None else _special(special_tokens)
-    return HFVocab(_bpe_tokenizer(vocab_path, Path(merges_txt), added), name or _name_of(vocab_path))
+    loader = functools.partial(_bpe_tokenizer, vocab_path, Path(merges_txt), added)
+    return HFVocab(loader(), name or _name_of(vocab_path), loader=loader)
 
 
 def _config_added_tokens(path: Path) -> list[tuple[int, AddedToken]] | None:
@@ -522,11 +578,18 @@ def load_directory(path: str | os.PathLike[str]) -> HFVocab:
         raise VocabError(f"model folder not found: {folder}")
     from_config = _config_added_tokens(folder / "tokenizer_config.json")
     if (folder / "tokenizer.json").is_file():
+
+        def with_config_tokens() -> Tokenizer:  # the reload: the same file, the same tokens added
+            tokenizer = _tokenizer_from_file(folder / "tokenizer.json")
+            _apply_config_tokens(tokenizer, from_config or [])
+            return tokenizer
+
         tokenizer = _tokenizer_from_file(folder / "tokenizer.json")
         extra_special = _apply_config_tokens(tokenizer, from_config or [])
-        return HFVocab(tokenizer, folder.name, extra_special_ids=extra_special)
+        return HFVocab(tokenizer, folder.name, extra_special_ids=extra_special, loader=with_config_tokens)
     if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
-        return HFVocab(_bpe_tokenizer(folder / "vocab.json", folder / "merges.txt", from_config), folder.name)
+        loader = functools.partial(_bpe_tokenizer, folder / "vocab.json", folder / "merges.txt", from_config)
+        return HFVocab(loader(), folder.name, loader=loader)
     raise VocabError(f"{folder} has neither tokenizer.json nor vocab.json + merges.txt")
 
 
@@ -560,6 +623,8 @@ def load_tiktoken(
     encoding (cl100k_base, o200k_base); otherwise `pattern` is required. A bare name goes through
     `tiktoken.get_encoding`, which needs the network or tiktoken's cache.
     """
+    import tiktoken  # here, not at module level: most gateways load no tiktoken vocabulary
+
     path = Path(spec).expanduser()
     if path.is_file():
         known = TIKTOKEN_ENCODINGS.get(path.stem)
