@@ -2,7 +2,8 @@
 
 Two contracts bind these shapes: the OpenAI Python SDK (``openai.types.responses``) and the Open
 Responses spec (``ResponseResource``, ``LogProb``, the ``*StreamingEvent`` schemas). Every model
-here satisfies both. Where they differ we take the stricter side:
+here satisfies both (so do the parts shared with requests, in ``schemas.responses_common`` and
+re-exported here). Where they differ we take the stricter side:
 
 - ``Response`` keys: the spec requires 31 keys, the SDK 8 (typed tighter). We always send all of
   them and keep non-null what the spec keeps non-null (``temperature``, ``top_p``,
@@ -44,70 +45,41 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from ._base import Byte, ContractModel, tagged_union
+from ._base import ContractModel, tagged_union
+from .responses_common import (  # noqa: F401 (re-exported: `from schemas.responses import X` works)
+    FunctionName,
+    FunctionTool,
+    Index,
+    ItemStatus,
+    LogProb,
+    OutputRefusal,
+    OutputText,
+    ReasoningSummary,
+    ReasoningText,
+    SummaryText,
+    TextConfig,
+    TextFormat,
+    TextFormatJsonObject,
+    TextFormatJsonSchema,
+    TextFormatText,
+    ToolChoice,
+    ToolChoiceAllowed,
+    ToolChoiceFunction,
+    ToolChoiceOptions,
+    TopLogProb,
+    UrlCitation,
+)
 
-Index = Annotated[int, Field(ge=0)]
 Count = Annotated[int, Field(ge=0)]
-FunctionName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
 
 ResponseStatus = Literal["completed", "failed", "in_progress", "cancelled", "queued", "incomplete"]
-ItemStatus = Literal["in_progress", "completed", "incomplete"]
 ServiceTier = Literal["auto", "default", "flex", "priority"]
 """The spec's tiers; the SDK also knows ``scale``, ``fast``, ``ultrafast``."""
-ReasoningSummary = Literal["auto", "concise", "detailed"]
-
-
-# --- logprobs -------------------------------------------------------------------------------
-
-
-class TopLogProb(ContractModel):
-    """A likely candidate at one position."""
-
-    token: str
-    """The token as text; bytes that are not valid UTF-8 alone are written as literal ``\\xNN``."""
-    bytes: list[Byte]
-    """The token's exact bytes. Never ``null``: concatenated over a part they give its text."""
-    logprob: float
-
-
-class LogProb(ContractModel):
-    """The sampled token at one position and its top candidates (``[]`` when none asked for)."""
-
-    token: str
-    bytes: list[Byte]
-    logprob: float
-    top_logprobs: list[TopLogProb]
 
 
 # --- output items ---------------------------------------------------------------------------
-
-
-class UrlCitation(ContractModel):
-    type: Literal["url_citation"] = "url_citation"
-    url: str
-    start_index: Index
-    end_index: Index
-    title: str
-
-
-class OutputText(ContractModel):
-    """A text part of an assistant message."""
-
-    type: Literal["output_text"] = "output_text"
-    text: str
-    annotations: list[UrlCitation] = Field(default_factory=list)
-    logprobs: list[LogProb] = Field(default_factory=list)
-    """One entry per generated token of ``text``; ``[]`` unless ``include`` asked for logprobs."""
-
-
-class OutputRefusal(ContractModel):
-    """The model declined; refusals carry no logprobs in the Responses API."""
-
-    type: Literal["refusal"] = "refusal"
-    refusal: str
-
 
 OutputContent = tagged_union("type", {"output_text": OutputText, "refusal": OutputRefusal})
 
@@ -137,18 +109,6 @@ class FunctionCall(ContractModel):
     status: ItemStatus
 
 
-class SummaryText(ContractModel):
-    type: Literal["summary_text"] = "summary_text"
-    text: str
-
-
-class ReasoningText(ContractModel):
-    """The thinking itself, as a reasoning parser (vLLM's ``reasoning``) separated it from the answer."""
-
-    type: Literal["reasoning_text"] = "reasoning_text"
-    text: str
-
-
 class ReasoningItem(ContractModel):
     """A reasoning model's thinking; comes before the message. Its tokens are counted in
     ``usage.output_tokens_details.reasoning_tokens`` and never appear in any logprobs."""
@@ -168,74 +128,6 @@ OutputItem = tagged_union(
 
 
 # --- echoed configuration -------------------------------------------------------------------
-
-
-class FunctionTool(ContractModel):
-    """A function the model may call; flat, unlike chat's ``{type, function: {...}}``."""
-
-    type: Literal["function"] = "function"
-    name: FunctionName
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    """JSON Schema of the arguments object."""
-    strict: bool | None = None
-
-
-class ToolChoiceFunction(ContractModel):
-    type: Literal["function"] = "function"
-    name: str
-
-
-class ToolChoiceAllowed(ContractModel):
-    type: Literal["allowed_tools"] = "allowed_tools"
-    mode: Literal["auto", "required"]
-    tools: Annotated[list[ToolChoiceFunction], Field(min_length=1, max_length=128)]
-
-
-ToolChoiceOptions = Literal["none", "auto", "required"]
-ToolChoice = ToolChoiceOptions | tagged_union(
-    "type", {"function": ToolChoiceFunction, "allowed_tools": ToolChoiceAllowed}
-)
-
-
-class TextFormatText(ContractModel):
-    type: Literal["text"] = "text"
-
-
-class TextFormatJsonObject(ContractModel):
-    type: Literal["json_object"] = "json_object"
-
-
-class TextFormatJsonSchema(ContractModel):
-    """Structured output; flat, unlike chat's ``response_format.json_schema``."""
-
-    # `schema` would shadow a BaseModel attribute, so the field is `schema_` on the wire as `schema`.
-    model_config = ConfigDict(serialize_by_alias=True, validate_by_name=True, validate_by_alias=True)
-
-    type: Literal["json_schema"] = "json_schema"
-    name: FunctionName
-    schema_: dict[str, Any] = Field(alias="schema")
-    description: str | None = None
-    strict: bool = False
-    """The spec needs a boolean in the echo; a request's ``null`` means the default, ``False``."""
-
-    @field_validator("strict", mode="before")
-    @classmethod
-    def _null_is_default(cls, value: Any) -> Any:
-        return False if value is None else value
-
-
-TextFormat = tagged_union(
-    "type",
-    {"text": TextFormatText, "json_object": TextFormatJsonObject, "json_schema": TextFormatJsonSchema},
-)
-
-
-class TextConfig(ContractModel):
-    """``text``: the output format and verbosity."""
-
-    format: TextFormat = Field(default_factory=TextFormatText)
-    verbosity: Literal["low", "medium", "high"] = "medium"
 
 
 class Reasoning(ContractModel):

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field
 
 from ._base import ContractModel, tagged_union
-from .responses import (
+from .responses_common import (
     FunctionTool,
     ItemStatus,
     OutputRefusal,

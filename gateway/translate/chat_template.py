@@ -4,53 +4,27 @@ The output must match Hugging Face `tokenizer.apply_chat_template(messages, toke
 add_generation_prompt=True)` byte for byte, so the Jinja environment copies its settings: a sandbox,
 `trim_blocks`/`lstrip_blocks`, `loopcontrols`, a `tojson` that does not HTML-escape, and the
 `raise_exception` / `strftime_now` globals. Templates come from model repos, so they are untrusted.
+
+Jinja is imported on the first template compiled, not with this module: a gateway whose routes have
+no chat template never loads it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from jinja2 import TemplateError, TemplateSyntaxError, nodes
-from jinja2.ext import Extension
-from jinja2.parser import Parser
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+if TYPE_CHECKING:
+    from jinja2 import Template
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
 class ChatTemplateError(ValueError):
     """A chat template could not be loaded or rendered; the message says which and why."""
-
-
-class _StrictSandbox(ImmutableSandboxedEnvironment):
-    """HF's sandbox, but unsafe attribute access fails at once.
-
-    Jinja's sandbox returns an Undefined that renders as "" for `''.__class__`; a template probing
-    internals is broken or hostile either way, and an error is easier to see than a silently wrong prompt.
-    """
-
-    def unsafe_undefined(self, obj: Any, attribute: str) -> NoReturn:
-        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
-
-
-class _GenerationBlock(Extension):
-    """`{% generation %}...{% endgeneration %}`: HF marks assistant spans with it; rendering just emits the body.
-
-    Without the tag, templates written for HF's assistant-mask training support would not even compile.
-    """
-
-    tags = frozenset({"generation"})  # immutable: the class attribute is shared by every environment
-
-    def parse(self, parser: Parser) -> nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        # A call block (not the bare body) so `{% set %}` inside stays scoped, as it does in HF.
-        return nodes.CallBlock(self.call_method("_emit_body"), [], [], body).set_lineno(lineno)
-
-    def _emit_body(self, caller: Callable[[], str]) -> str:
-        return caller()
 
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
@@ -68,16 +42,46 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+@functools.cache  # configuration only, no state: one environment serves every template
 def _environment() -> ImmutableSandboxedEnvironment:
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+    from jinja2.parser import Parser
+    from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+    class _StrictSandbox(ImmutableSandboxedEnvironment):
+        """HF's sandbox, but unsafe attribute access fails at once.
+
+        Jinja's sandbox returns an Undefined that renders as "" for `''.__class__`; a template probing
+        internals is broken or hostile either way, and an error is easier to see than a silently wrong prompt.
+        """
+
+        def unsafe_undefined(self, obj: Any, attribute: str) -> NoReturn:
+            raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+    class _GenerationBlock(Extension):
+        """`{% generation %}...{% endgeneration %}`: HF marks assistant spans with it; rendering emits the body.
+
+        Without the tag, templates written for HF's assistant-mask training support would not even compile.
+        """
+
+        tags = frozenset({"generation"})  # immutable: the class attribute is shared by every environment
+
+        def parse(self, parser: Parser) -> nodes.Node:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            # A call block (not the bare body) so `{% set %}` inside stays scoped, as it does in HF.
+            return nodes.CallBlock(self.call_method("_emit_body"), [], [], body).set_lineno(lineno)
+
+        def _emit_body(self, caller: Callable[[], str]) -> str:
+            return caller()
+
     env = _StrictSandbox(trim_blocks=True, lstrip_blocks=True,
                          extensions=["jinja2.ext.loopcontrols", _GenerationBlock])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
-
-
-_ENV = _environment()  # configuration only, no state: one environment serves every template
 
 
 def _token_text(value: Any, key: str, source: Path) -> str:
@@ -109,8 +113,10 @@ class ChatTemplate:
     """A chat template compiled once, rendered per request."""
 
     def __init__(self, source: str, bos_token: str = "", eos_token: str = "") -> None:
+        from jinja2 import TemplateSyntaxError
+
         try:
-            self._template = _ENV.from_string(source)
+            self._template: Template = _environment().from_string(source)
         except TemplateSyntaxError as exc:
             raise ChatTemplateError(f"chat template syntax error at line {exc.lineno}: {exc.message}") from exc
         self.source = source
@@ -158,6 +164,9 @@ class ChatTemplate:
         # Same precedence as HF: extras may override the special tokens, never the conversation.
         # `documents` is set to None (not left undefined) because HF always passes it and templates
         # test it with `is not none`, which an undefined variable passes.
+        from jinja2 import TemplateError  # loaded with the template: a lookup in sys.modules
+        from jinja2.sandbox import SecurityError
+
         context = {"bos_token": self.bos_token, "eos_token": self.eos_token, "documents": None, **extra,
                    "messages": messages, "tools": tools, "add_generation_prompt": add_generation_prompt}
         try:
