@@ -119,7 +119,7 @@ def _include_usage(body: dict[str, Any]) -> bool:
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
-    turn = await begin_turn(request.app, body)  # previous_response_id's history, from the store
+    turn = await begin_turn(request, body)  # previous_response_id's history, from the store
     gen = generation_from_responses(body, turn.history)
     settings = responses_settings(body, gen, store=turn.stored, previous_response_id=turn.previous_response_id)
     def front(route: Route) -> FrontTranslator:
@@ -529,11 +529,12 @@ async def _on_cleanup(app: web.Application) -> None:
 def create_app(config: Config) -> web.Application:
     """Build the app; tokenizers and templates load here, so a bad config fails before serving."""
     state = GatewayState(config, build_routes(config))
+    api_keys = load_api_keys(config)
     middlewares = [
         request_context,
         error_middleware_factory(),
         draining_middleware_factory(lambda: state.draining),
-        auth_middleware_factory(load_api_keys(config)),
+        auth_middleware_factory(api_keys),
     ]
     app = web.Application(middlewares=middlewares, client_max_size=config.limits.max_body_bytes)
     app[STATE] = state
@@ -541,7 +542,8 @@ def create_app(config: Config) -> web.Application:
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_get("/v1/models", list_models)
-    add_stored_routes(app, config)
+    # Callers are told apart by key where keys mean something: checked here, or by the upstream.
+    add_stored_routes(app, config, per_key=bool(api_keys) or config.auth.forward_client_key)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)

@@ -23,7 +23,7 @@ from aiohttp import web
 from gateway.config import Config
 from gateway.errors import GatewayError, bad_request
 from gateway.middleware import json_response
-from gateway.store import Item, ResponseStore, open_store, page_items
+from gateway.store import Item, ResponseStore, ScopedStore, caller_tag, open_store, page_items
 from gateway.translate.fronts import FrontTranslator
 from gateway.translate.input_items import replayed_items, stored_input_items, without_logprobs
 from gateway.translate.request import LOGPROBS_INCLUDE
@@ -33,9 +33,10 @@ log = logging.getLogger("responses_gateway.store")
 
 @dataclass(slots=True)
 class StoreHolder:
-    """The app's store; None when `store.backend` is `none`."""
+    """The app's store (None when `store.backend` is `none`), and whether each API key sees only its own."""
 
     store: ResponseStore | None
+    per_key: bool = False
 
 
 STORE_KEY = web.AppKey("response_store", StoreHolder)
@@ -91,7 +92,7 @@ class _RecordingFront:
 class Turn:
     """One POST /v1/responses as the store sees it: what it replays, and what it will save."""
 
-    store: ResponseStore | None
+    store: ScopedStore | None
     previous_response_id: str | None
     given_input: Any  # the request's `input`, made into stored items only once validated and answered
     history: list[Item] = field(default_factory=list)
@@ -121,9 +122,10 @@ class Turn:
             log.exception("could not store response %s", response.get("id"))
 
 
-async def begin_turn(app: web.Application, body: dict[str, Any]) -> Turn:
-    """Fetch what `previous_response_id` replays (400 `previous_response_not_found` when it is gone)."""
-    store = app[STORE_KEY].store
+async def begin_turn(request: web.Request, body: dict[str, Any]) -> Turn:
+    """Fetch what `previous_response_id` replays (400 `previous_response_not_found` when it is gone,
+    or when it belongs to another API key)."""
+    store = _store(request)
     wanted = body.get("store") is not False  # OpenAI's default is true
     previous_id = body.get("previous_response_id")
     turn = Turn(store if wanted else None, previous_id if isinstance(previous_id, str) else None, body.get("input"))
@@ -132,7 +134,7 @@ async def begin_turn(app: web.Application, body: dict[str, Any]) -> Turn:
     return turn
 
 
-async def _replay(store: ResponseStore | None, response_id: str) -> list[Item]:
+async def _replay(store: ScopedStore | None, response_id: str) -> list[Item]:
     with _store_errors():
         previous = await store.get(response_id) if store is not None else None
         items = await store.input_items(response_id) if store is not None and previous is not None else None
@@ -145,8 +147,17 @@ async def _replay(store: ResponseStore | None, response_id: str) -> list[Item]:
 # --- the /v1/responses/{id} routes ------------------------------------------------------------------
 
 
-def _store(request: web.Request) -> ResponseStore | None:
-    return request.app[STORE_KEY].store
+def _store(request: web.Request) -> ScopedStore | None:
+    """The caller's view of the store: with keys in use, responses saved with one API key are invisible
+    to every other (a 404, as for an unknown id). Without keys there is one caller."""
+    holder = request.app[STORE_KEY]
+    if holder.store is None:
+        return None
+    key = ""
+    if holder.per_key:
+        header = request.headers.get("Authorization", "")
+        key = header[7:].strip() if header[:7].lower() == "bearer " else ""
+    return ScopedStore(holder.store, caller_tag(key) if key else None)
 
 
 def _include(request: web.Request) -> list[str]:
@@ -224,9 +235,11 @@ async def list_input_items(request: web.Request) -> web.Response:
 # --- wiring -----------------------------------------------------------------------------------------
 
 
-def add_stored_routes(app: web.Application, config: Config) -> None:
-    """Routes, and the store's life cycle (a store that cannot open fails the start)."""
-    holder = StoreHolder(open_store(config))
+def add_stored_routes(app: web.Application, config: Config, *, per_key: bool = False) -> None:
+    """Routes, and the store's life cycle (a store that cannot open fails the start). `per_key`: API
+    keys are checked (by the gateway or, with `forward_client_key`, by the upstream), so each key's
+    responses are its own."""
+    holder = StoreHolder(open_store(config), per_key)
     app[STORE_KEY] = holder
     app.router.add_get("/v1/responses/{response_id}", retrieve_response)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)

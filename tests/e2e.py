@@ -37,7 +37,8 @@ async def start_stack(aiohttp_server, vocab, *, api: str = "chat", model: str = 
                       timeouts: dict[str, float] | None = None, tokenizer: dict[str, str] | None = None,
                       upstream_url: str | None = None, upstream_options: dict[str, Any] | None = None,
                       chat_template: str | None = None, store: dict[str, Any] | None = None,
-                      dialect: str = "vllm", **simulator_options: Any) -> Stack:
+                      dialect: str = "vllm", auth: dict[str, Any] | None = None, api_key: str = "test-key",
+                      **simulator_options: Any) -> Stack:
     """A simulator of `dialect` (vllm, tgi, sglang, llamacpp, openai) and the gateway in front of it."""
     module = importlib.import_module(f"gateway.simulator.{dialect}")
     simulator = await aiohttp_server(module.create_app(vocab, model, **simulator_options))
@@ -52,10 +53,11 @@ async def start_stack(aiohttp_server, vocab, *, api: str = "chat", model: str = 
     # Tests keep responses in memory unless they test a store (no file in the working folder).
     config = parse_config({"upstreams": {"sim": upstream},
                            "models": {model: model_config},
-                           "store": store or {"backend": "memory"}},
+                           "store": store or {"backend": "memory"},
+                           **({"auth": auth} if auth else {})},
                           base_dir=Path("."))
     gateway = await aiohttp_server(create_app(config))
-    client = AsyncOpenAI(base_url=str(gateway.make_url("/v1")), api_key="test-key",
+    client = AsyncOpenAI(base_url=str(gateway.make_url("/v1")), api_key=api_key,
                          _strict_response_validation=True, max_retries=0)
     return Stack(simulator, gateway, client, model, module.SIMULATOR_KEY)
 

@@ -196,6 +196,58 @@ async def test_delete_then_every_route_says_not_found(aiohttp_server, vocab, sto
     assert bad.value.body["message"] == f"Previous response with id '{created.id}' not found."
 
 
+async def test_each_api_key_sees_only_its_own_responses(aiohttp_server, vocab, store_config, monkeypatch):
+    monkeypatch.setenv("GATEWAY_TEST_KEYS", "key-a,key-b")
+    stack = await start_stack(aiohttp_server, vocab, store=store_config, replies=REPLIES,
+                              auth={"api_keys_env": "GATEWAY_TEST_KEYS"}, api_key="key-a")
+    other = stack.client.with_options(api_key="key-b")
+    mine = await stack.client.responses.create(model=stack.model, input="hello")
+
+    # Another key: every route answers as for an id that never existed.
+    with pytest.raises(openai.NotFoundError):
+        await other.responses.retrieve(mine.id)
+    with pytest.raises(openai.NotFoundError):
+        await other.responses.input_items.list(mine.id)
+    with pytest.raises(openai.NotFoundError):
+        await other.responses.delete(mine.id)
+    with pytest.raises(openai.BadRequestError) as bad:
+        await other.responses.create(model=stack.model, input="and then?", previous_response_id=mine.id)
+    assert bad.value.code == "previous_response_not_found"
+    assert len(await _received_messages(stack)) == 1  # refused before anything (the history) went upstream
+
+    # The owner still has all of it, under the id it was given; a conversation continues within a key.
+    again = await stack.client.responses.retrieve(mine.id)
+    assert again.id == mine.id and again.output_text == "Hi there."
+    assert [item.id for item in (await stack.client.responses.input_items.list(mine.id)).data]
+    follow = await stack.client.responses.create(model=stack.model, input="and then?", previous_response_id=mine.id)
+    assert follow.previous_response_id == mine.id and follow.output_text == "Then more."
+    theirs = await other.responses.create(model=stack.model, input="last one")
+    with pytest.raises(openai.NotFoundError):
+        await stack.client.responses.retrieve(theirs.id)
+    assert (await other.responses.retrieve(theirs.id)).output_text == "Bye now."
+    assert await stack.client.responses.delete(mine.id) is None
+
+
+async def test_keys_the_upstream_checks_also_keep_responses_apart(aiohttp_server, vocab):
+    # forward_client_key: the gateway checks no key itself, the upstream does; callers still differ by key.
+    stack = await start_stack(aiohttp_server, vocab, replies=REPLIES, auth={"forward_client_key": True},
+                              api_key="upstream-key-a")
+    created = await stack.client.responses.create(model=stack.model, input="hello")
+    with pytest.raises(openai.NotFoundError):
+        await stack.client.with_options(api_key="upstream-key-b").responses.retrieve(created.id)
+    assert (await stack.client.responses.retrieve(created.id)).id == created.id
+
+
+async def test_without_keys_every_caller_is_the_same(aiohttp_server, vocab):
+    stack = await start_stack(aiohttp_server, vocab, replies=REPLIES)
+    created = await stack.client.responses.create(model=stack.model, input="hello")
+    stranger = stack.client.with_options(api_key="whatever-else")  # not checked: no keys are configured
+    assert (await stranger.responses.retrieve(created.id)).output_text == "Hi there."
+    url = str(stack.gateway.make_url(f"/v1/responses/{created.id}"))
+    async with aiohttp.ClientSession() as session, session.get(url) as reply:  # no Authorization header at all
+        assert reply.status == 200 and (await reply.json())["id"] == created.id
+
+
 async def test_delete_answers_the_openai_body(aiohttp_server, vocab):
     stack = await start_stack(aiohttp_server, vocab, replies=REPLIES)
     created = await stack.client.responses.create(model=stack.model, input="hello")

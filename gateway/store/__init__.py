@@ -8,6 +8,7 @@ breaks a newer turn that built on it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any, Literal, Protocol
 
@@ -35,6 +36,45 @@ class ResponseStore(Protocol):
 
     async def delete(self, response_id: str) -> bool:
         """Forget the Response; False when there was nothing to delete."""
+
+
+class ScopedStore:
+    """One caller's view of a store: what a caller saves, only the same caller finds again.
+
+    Callers are told apart by the API key they present (`caller_tag`). A tagged caller's responses
+    are kept under `<tag>/<id>`, so another key asking for the same id finds nothing (404, as for an
+    unknown id) and cannot continue, read, list or delete it. Untagged callers (no key configured and
+    none sent) share the plain ids. The Response itself always carries its public id.
+    """
+
+    def __init__(self, store: ResponseStore, tag: str | None) -> None:
+        self.store = store
+        self.prefix = f"{tag}/" if tag else ""
+
+    def _key(self, response_id: str) -> str:
+        return self.prefix + response_id
+
+    async def save(self, response: dict[str, Any], input_items: list[Item]) -> None:
+        if not self.prefix:
+            return await self.store.save(response, input_items)
+        await self.store.save({**response, "id": self._key(response["id"])}, input_items)
+
+    async def get(self, response_id: str) -> dict[str, Any] | None:
+        found = await self.store.get(self._key(response_id))
+        if found is not None and self.prefix:
+            found["id"] = response_id
+        return found
+
+    async def input_items(self, response_id: str) -> list[Item] | None:
+        return await self.store.input_items(self._key(response_id))
+
+    async def delete(self, response_id: str) -> bool:
+        return await self.store.delete(self._key(response_id))
+
+
+def caller_tag(api_key: str) -> str:
+    """A stable, non-reversible tag for an API key (the key itself is never stored)."""
+    return hashlib.sha256(b"responses-gateway caller\0" + api_key.encode()).hexdigest()[:32]
 
 
 class StoreError(ConfigError):
