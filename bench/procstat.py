@@ -51,9 +51,20 @@ def reset_peak(pid: int) -> bool:
     return True
 
 
+def _cpu_fields() -> list[int]:
+    return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+
+
 def machine_busy_seconds() -> float:
     """CPU seconds spent by every process on the machine so far (all cores, idle and iowait excluded)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    fields = _cpu_fields()
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
     guest = sum(fields[8:10]) if len(fields) > 9 else 0  # already counted in user/nice
     return (sum(fields) - idle - guest) / _TICKS
+
+
+def machine_steal_seconds() -> float:
+    """CPU seconds a virtual machine's cores were ready to run but the host ran something else (0 on
+    bare metal): noise no process inside the machine shows."""
+    fields = _cpu_fields()
+    return fields[7] / _TICKS if len(fields) > 7 else 0.0

@@ -255,15 +255,18 @@ def measure(stack: Stack, canned: dict[str, Any], case: Case, target: str, concu
         procstat.reset_peak(middle.pid)
     before = {name: procstat.cpu_seconds(pid) for name, pid in cpu_pids.items()}
     busy_before = procstat.machine_busy_seconds()
+    steal_before = procstat.machine_steal_seconds()
     job_start = time.monotonic()
     result = _job(stack, {"url": url, "body": body, "stream": case.stream, "kind": kind, "tokens": case.tokens,
                           "concurrency": concurrency, "duration": plan.duration, "max_seconds": plan.max_seconds})
     busy = procstat.machine_busy_seconds() - busy_before
+    steal = procstat.machine_steal_seconds() - steal_before
     job_wall = time.monotonic() - job_start
     after = {name: procstat.cpu_seconds(pid) for name, pid in cpu_pids.items()}
     used = {name: after[name] - before[name] for name in cpu_pids}
     # Cores kept busy by processes outside the benchmark (other jobs on a shared machine): noise.
     result["other_load_cores"] = round(max(0.0, busy - sum(used.values())) / max(job_wall, 1e-9), 2)
+    result["steal_cores"] = round(steal / max(job_wall, 1e-9), 3)  # the host's other tenants (in the above too)
     # Utilisation over the whole job (warm-up included): 1.0 = one core busy all the time.
     result["cpu_busy"] = {name: round(seconds / max(job_wall, 1e-9), 3) for name, seconds in used.items()}
     if middle is not None:
@@ -438,7 +441,10 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['upstream_writes']}; pinning: {report['pinning']}",
         "",
         f"Other processes on the machine kept {report['other_load_cores']['mean']:.2f} cores busy on average "
-        f"(at most {report['other_load_cores']['max']:.2f} during a cell): the more, the noisier the figures.",
+        f"(at most {report['other_load_cores']['max']:.2f} during a cell): the more, the noisier the figures. "
+        f"Of that, the host took {report.get('steal_cores', {}).get('mean', 0.0):.3f} cores away from this "
+        f"machine (steal time; at most {report.get('steal_cores', {}).get('max', 0.0):.3f}); a host busy in ways "
+        "steal does not show (shared caches, memory bandwidth) only shows as slower figures all round.",
         "",
         "## Targets",
         "",
@@ -553,6 +559,9 @@ def run(plan: Plan, out: Path, *, burst: bool = False, pin: bool = True, demo_vo
     loads = [c[t]["other_load_cores"] for c in cells for t in TARGETS]
     report["other_load_cores"] = {"mean": round(sum(loads) / len(loads), 2) if loads else 0.0,
                                   "max": max(loads, default=0.0)}
+    steals = [c[t].get("steal_cores", 0.0) for c in cells for t in TARGETS]
+    report["steal_cores"] = {"mean": round(sum(steals) / len(steals), 3) if steals else 0.0,
+                             "max": max(steals, default=0.0)}
     report["seconds"] = round(time.monotonic() - t_start, 1)
     (out / "results.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     (out / "results.md").write_text(markdown(report))
