@@ -33,6 +33,12 @@ def _access_line(entry: dict[str, Any]) -> str:
         return json.dumps(entry, separators=(",", ":"), default=str)
 
 
+def bearer_token(request: web.Request) -> str:
+    """The key of an `Authorization: Bearer <key>` header, or "" when there is none."""
+    header = request.headers.get("Authorization", "")
+    return header[7:].strip() if header[:7].lower() == "bearer " else ""
+
+
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json", headers=headers)
 
@@ -99,8 +105,7 @@ def auth_middleware_factory(keys: list[bytes]) -> Callable:
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not keys or request.path in OPEN_PATHS or not request.path.startswith("/v1/"):
             return await handler(request)
-        header = request.headers.get("Authorization", "")
-        presented = header[7:].strip().encode() if header[:7].lower() == "bearer " else b""
+        presented = bearer_token(request).encode()
         # Compare against every key in constant time, so timing reveals neither key nor match.
         matched = False
         for key in keys:

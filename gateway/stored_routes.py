@@ -22,7 +22,7 @@ from aiohttp import web
 
 from gateway.config import Config
 from gateway.errors import GatewayError, bad_request
-from gateway.middleware import json_response
+from gateway.middleware import bearer_token, json_response
 from gateway.store import Item, ResponseStore, ScopedStore, caller_tag, open_store, page_items
 from gateway.translate.fronts import FrontTranslator
 from gateway.translate.input_items import replayed_items, stored_input_items, without_logprobs
@@ -153,10 +153,7 @@ def _store(request: web.Request) -> ScopedStore | None:
     holder = request.app[STORE_KEY]
     if holder.store is None:
         return None
-    key = ""
-    if holder.per_key:
-        header = request.headers.get("Authorization", "")
-        key = header[7:].strip() if header[:7].lower() == "bearer " else ""
+    key = bearer_token(request) if holder.per_key else ""
     return ScopedStore(holder.store, caller_tag(key) if key else None)
 
 

@@ -43,8 +43,8 @@ class ScopedStore:
 
     Callers are told apart by the API key they present (`caller_tag`). A tagged caller's responses
     are kept under `<tag>/<id>`, so another key asking for the same id finds nothing (404, as for an
-    unknown id) and cannot continue, read, list or delete it. Untagged callers (no key configured and
-    none sent) share the plain ids. The Response itself always carries its public id.
+    unknown id) and cannot continue, read, list or delete it. Untagged callers (keys not in use, or none
+    sent) share the plain ids. The Response itself always carries its public id.
     """
 
     def __init__(self, store: ResponseStore, tag: str | None) -> None:
