@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -178,6 +178,18 @@ def _route(state: GatewayState, model: str) -> Route:
 async def _serve(request: web.Request, front_door: str, gen: Generation,
                  make_front: Callable[[Route], FrontTranslator], framing: _Framing, k_param: str,
                  on_final: Callable[[], Awaitable[None]] | None = None) -> web.StreamResponse:
+    """Serve `gen` over HTTP: a JSON body, or an SSE stream."""
+    response = await serve_generation(request, front_door, gen, make_front, framing, k_param, on_final)
+    assert response is not None
+    return response
+
+
+async def serve_generation(request: web.Request, front_door: str, gen: Generation,
+                           make_front: Callable[[Route], FrontTranslator], framing: _Framing, k_param: str,
+                           on_final: Callable[[], Awaitable[None]] | None = None,
+                           sink: EventSink | None = None) -> web.StreamResponse | None:
+    """Serve `gen` on the route's replicas. A stream goes to `sink` when one is given (then nothing is
+    returned), else to an SSE response."""
     state = request.app[STATE]
     route = _route(state, gen.model)
     try:
@@ -195,8 +207,8 @@ async def _serve(request: web.Request, front_door: str, gen: Generation,
     state.in_flight += 1
     status = "error"
     try:
-        response = await _serve_on_replicas(request, state, exchange, call, make_front(route), framing)
-        status = str(response.status)
+        response = await _serve_on_replicas(request, state, exchange, call, make_front(route), framing, sink)
+        status = "200" if response is None else str(response.status)
         return response
     except GatewayError as exc:
         status = str(exc.status)
@@ -241,7 +253,8 @@ class _Retryable(Exception):
 
 
 async def _serve_on_replicas(request: web.Request, state: GatewayState, exchange: _Exchange, call: UpstreamCall,
-                             front: FrontTranslator, framing: _Framing) -> web.StreamResponse:
+                             front: FrontTranslator, framing: _Framing, sink: EventSink | None
+                             ) -> web.StreamResponse | None:
     route = exchange.route
     tried: set[str] = set()
     last: _Retryable | None = None
@@ -261,10 +274,13 @@ async def _serve_on_replicas(request: web.Request, state: GatewayState, exchange
                 continue
             options = parse_options(route)
             if not exchange.stream:
-                response = await _complete(state, exchange, replica, upstream, call, front, options)
-            else:
-                response = await _stream(request, state, exchange, replica, upstream, call, front, framing, options)
-            return response
+                return await _complete(state, exchange, replica, upstream, call, front, options)
+            if sink is not None:
+                await _stream(request, state, exchange, replica, upstream, call, front, sink, options)
+                return None
+            sse = SSESink(request, framing)
+            await _stream(request, state, exchange, replica, upstream, call, front, sse, options)
+            return sse.response
     if last is not None:
         raise last.error
     raise GatewayError(503, f"No replica of upstream {route.upstream_name!r} is available (all are cooling down "
@@ -359,19 +375,14 @@ async def _complete(state: GatewayState, exchange: _Exchange, replica: Replica, 
 
 
 async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange, replica: Replica,
-                  upstream: aiohttp.ClientResponse, call: UpstreamCall, front: FrontTranslator, framing: _Framing,
-                  options: ParseOptions) -> web.StreamResponse:
+                  upstream: aiohttp.ClientResponse, call: UpstreamCall, front: FrontTranslator, sink: EventSink,
+                  options: ParseOptions) -> None:
     route = exchange.route
     name = route.upstream_name
     finished = False
     try:
-        start = front.start()
-        # With events to send at once, the headers go out with them, in one write; else straight away.
-        response = (_EventStreamResponse if start else web.StreamResponse)(headers={
-            "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no", REQUEST_ID_HEADER: request["request_id"]})
-        await response.prepare(request)
-        await _write(response, framing, start)
+        await sink.begin(front.start())
+        send = sink.send
         finish_reason: str | None = None
         failed = False
         # Everything made from one network read goes out in one write. `items` holds what is not
@@ -398,7 +409,7 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
                     reports.flush()
                     flush_at = time.monotonic() + _REPORT_FLUSH_SECONDS
                 if items:
-                    await response.write(framing.encode(items))
+                    await send(items)
                     items = []
             if finish_reason is None:
                 raise UpstreamFormatError("upstream stream ended without a finish_reason")
@@ -415,9 +426,7 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
             failed = True
             items = items + front.fail(f"upstream {name!r} failed mid-stream: {exc}")
             _mid_stream_fault(state, route, replica, "mid_stream")
-        tail = framing.encode(items) if items else b""
-        # The last events, the end marker and the chunked-encoding terminator: one write.
-        await response.write_eof(tail if failed else tail + framing.end())
+        await sink.end(items, failed)
         finished = True
     finally:
         exchange.reports.flush()
@@ -426,7 +435,6 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
             upstream.close()
             request["log"]["client_disconnected"] = True
         upstream.release()
-    return response
 
 
 _REPORT_FLUSH_SECONDS = 1.0
@@ -435,6 +443,16 @@ _REPORT_FLUSH_SECONDS = 1.0
 def _mid_stream_fault(state: GatewayState, route: Route, replica: Replica, kind: str) -> None:
     route.replicas.failed(replica)
     state.metrics.upstream_errors.labels(route.upstream_name, replica.url, kind).inc()
+
+
+class EventSink(Protocol):
+    """Where the stream loop puts a stream's events: `begin` with the first ones, `send` what one
+    network read made (never empty), `end` with the last ones (`failed`: the stream ended in an
+    in-stream error). An SSE response, a WebSocket, or a background response's event log."""
+
+    async def begin(self, items: list[dict[str, Any]]) -> None: ...
+    async def send(self, items: list[dict[str, Any]]) -> None: ...
+    async def end(self, items: list[dict[str, Any]], failed: bool) -> None: ...
 
 
 class _EventStreamResponse(web.StreamResponse):
@@ -446,9 +464,35 @@ class _EventStreamResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
-async def _write(response: web.StreamResponse, framing: _Framing, items: list[dict[str, Any]]) -> None:
-    if items:
-        await response.write(framing.encode(items))
+class SSESink:
+    """The HTTP stream: `text/event-stream` frames, one write per network read."""
+
+    __slots__ = ("framing", "request", "response")
+
+    def __init__(self, request: web.Request, framing: _Framing) -> None:
+        self.request = request
+        self.framing = framing
+        self.response: web.StreamResponse | None = None
+
+    async def begin(self, items: list[dict[str, Any]]) -> None:
+        # With events to send at once, the headers go out with them, in one write; else straight away.
+        response = (_EventStreamResponse if items else web.StreamResponse)(headers={
+            "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no", REQUEST_ID_HEADER: self.request["request_id"]})
+        self.response = response
+        await response.prepare(self.request)
+        if items:
+            await response.write(self.framing.encode(items))
+
+    async def send(self, items: list[dict[str, Any]]) -> None:
+        assert self.response is not None
+        await self.response.write(self.framing.encode(items))
+
+    async def end(self, items: list[dict[str, Any]], failed: bool) -> None:
+        assert self.response is not None
+        tail = self.framing.encode(items) if items else b""
+        # The last events, the end marker and the chunked-encoding terminator: one write.
+        await self.response.write_eof(tail if failed else tail + self.framing.end())
 
 
 # --- discovery, probes, metrics --------------------------------------------------------------------
