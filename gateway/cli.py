@@ -11,11 +11,20 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import aiohttp
 from aiohttp import web
 
 from gateway.config import Config, ConfigError, load_config, parse_config
 from gateway.memory import idle_trim_seconds, install_idle_trim, release_free_memory, upstream_read_bufsize
+
+if TYPE_CHECKING:
+    from schemas.responses import Response
+
+
+class DemoError(RuntimeError):
+    """The demo's own request failed: printed as one line."""
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -112,7 +121,7 @@ async def _demo(args: argparse.Namespace) -> int:
         print(f"gateway on http://127.0.0.1:{gw_port}/v1/responses")
         hint = "" if args.keep_running else "   (with --keep-running, to open it)"
         print(f"playground on http://127.0.0.1:{gw_port}/playground{hint}\n")
-        response = await asyncio.to_thread(_demo_request, gw_port, model)
+        response = await _demo_request(gw_port, model)
         _print_table(response)
         if args.keep_running:
             print(f"\nserving until Ctrl-C; open http://127.0.0.1:{gw_port}/playground", flush=True)
@@ -123,18 +132,23 @@ async def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo_request(port: int, model: str) -> object:
-    from openai import OpenAI
+async def _demo_request(port: int, model: str) -> Response:
+    """POST the demo request with what `pip install -e .` installs (aiohttp) and read the answer with
+    the gateway's strict Responses schema, which rejects a missing or an unknown field. (The tests
+    hold the same answer to the OpenAI SDK's strict validation.)"""
+    from schemas.responses import Response
 
-    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="demo", _strict_response_validation=True)
-    body = dict(DEMO_REQUEST)
-    extra = {"ignore_eos": body.pop("ignore_eos")}
-    return client.responses.create(model=model, extra_body=extra, **body)  # type: ignore[arg-type]
+    url = f"http://127.0.0.1:{port}/v1/responses"
+    async with aiohttp.ClientSession() as session, session.post(url, json={"model": model, **DEMO_REQUEST}) as reply:
+        body = await reply.read()
+    if reply.status != 200:
+        raise DemoError(f"the gateway answered HTTP {reply.status}: {body.decode(errors='replace')}")
+    return Response.model_validate_json(body)
 
 
-def _print_table(response: object) -> None:
-    part = response.output[0].content[0]  # type: ignore[attr-defined]
-    print(f"text: {part.text!r}   status: {response.status}")  # type: ignore[attr-defined]
+def _print_table(response: Response) -> None:
+    part = response.output[0].content[0]  # type: ignore[union-attr]
+    print(f"text: {part.text!r}   status: {response.status}")
     print(f"{'token':<18} {'bytes':<22} {'prob':>7}   alternatives")
     for entry in part.logprobs:
         alternatives = ", ".join(f"{alt.token!r} {math.exp(alt.logprob):.1%}" for alt in entry.top_logprobs)
@@ -216,6 +230,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(_demo(args))
     except KeyboardInterrupt:  # the end of `demo --keep-running`
         return 0
+    except DemoError as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

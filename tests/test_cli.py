@@ -101,3 +101,14 @@ async def test_the_readme_demo_runs_offline_and_shows_exact_bytes():
     result = await asyncio.to_thread(subprocess.run, [EXE, "demo"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "bytes of the tokens == UTF-8 of the text: True" in result.stdout
+
+
+@pytest.mark.skipif(os.environ.get("RG_SKIP_DEMO") == "1", reason="RG_SKIP_DEMO=1")
+async def test_the_demo_needs_nothing_but_the_plain_install():
+    """`pip install -e .` has no OpenAI SDK (a test extra): the demo must not need it. .ci/run runs the
+    README's command in a fresh venv; this holds the same here, with `openai` made unimportable."""
+    code = "import sys; sys.modules['openai'] = None; from gateway.cli import main; sys.exit(main(['demo']))"
+    result = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", code], capture_output=True, text=True,
+                                     timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "bytes of the tokens == UTF-8 of the text: True" in result.stdout
