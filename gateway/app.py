@@ -39,8 +39,8 @@ from gateway.middleware import (
 from gateway.playground import add_playground
 from gateway.replicas import NoReplicaAvailable, Replica, probe_forever
 from gateway.routing import Route, build_routes
-from gateway.sse import data_batches, encode_events
-from gateway.stored_routes import add_stored_routes, begin_turn
+from gateway.sse import data_batches, encode_events, sse_headers
+from gateway.stored_routes import BACKGROUND_KEY, Turn, add_stored_routes, begin_turn, follow_events
 from gateway.translate.front_doors import (
     generation_from_chat,
     generation_from_completions,
@@ -120,6 +120,8 @@ def _include_usage(body: dict[str, Any]) -> bool:
 async def create_response(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
     turn = await begin_turn(request, body)  # previous_response_id's history, from the store
+    if body.get("background") is True:
+        return await _create_background(request, body, turn)
     gen = generation_from_responses(body, turn.history)
     settings = responses_settings(body, gen, store=turn.stored, previous_response_id=turn.previous_response_id)
     def front(route: Route) -> FrontTranslator:
@@ -128,6 +130,33 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         return turn.track(ResponsesFront(settings, route.vocab, serialized=True, deltas=gen.stream))
 
     return await _serve(request, "responses", gen, front, RESPONSES_FRAMING, "top_logprobs", on_final=turn.save)
+
+
+async def _create_background(request: web.Request, body: dict[str, Any], turn: Turn) -> web.StreamResponse:
+    """Answer at once (`queued`, or the stream of its events) and run the response in a task, on the same
+    loop as any stream, into an event log; see gateway.background."""
+    if turn.store is None:
+        raise bad_request("Background responses must be stored: they need store=true and a configured response "
+                          "store.", "background")
+    runs = request.app[BACKGROUND_KEY]
+    runs.admit()
+    gen = generation_from_responses({**body, "stream": True}, turn.history)  # the log keeps every event
+    settings = responses_settings(body, gen, store=True, previous_response_id=turn.previous_response_id,
+                                  background=True)
+    route = _route(request.app[STATE], gen.model)
+    front = ResponsesFront(settings, route.vocab, serialized=True)
+    queued = front.stream.snapshot("queued")
+    await turn.save(queued)  # any replica over the store can poll it from now on
+
+    async def serve(sink: EventSink) -> None:
+        await serve_generation(request, "responses", gen, lambda _: front, RESPONSES_FRAMING, "top_logprobs",
+                               sink=sink)
+
+    run = runs.start(turn.store.prefix + queued["id"], front.stream, serve, turn.save)
+    request["log"]["background"] = queued["id"]
+    if body.get("stream") is True:
+        return await follow_events(request, run.log.follow(-1))
+    return json_response(queued)
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
@@ -476,9 +505,8 @@ class SSESink:
 
     async def begin(self, items: list[dict[str, Any]]) -> None:
         # With events to send at once, the headers go out with them, in one write; else straight away.
-        response = (_EventStreamResponse if items else web.StreamResponse)(headers={
-            "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no", REQUEST_ID_HEADER: self.request["request_id"]})
+        response = (_EventStreamResponse if items else web.StreamResponse)(
+            headers=sse_headers(self.request["request_id"]))
         self.response = response
         await response.prepare(self.request)
         if items:

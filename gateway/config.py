@@ -92,6 +92,10 @@ class Auth(_Strict):
 
 class Limits(_Strict):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    # `background: true` responses running at once in this process (429 beyond; 0 turns them off).
+    background_responses: int = Field(default=32, ge=0)
+    # A WebSocket connection on /v1/responses lasts at most this long (then websocket_connection_limit_reached).
+    websocket_seconds: float = Field(default=3600.0, gt=0)
 
 
 class Shutdown(_Strict):

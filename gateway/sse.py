@@ -9,6 +9,12 @@ from typing import Any
 import orjson
 
 
+def sse_headers(request_id: str) -> dict[str, str]:
+    """The headers of every event stream the gateway sends."""
+    return {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+            "X-Request-Id": request_id}
+
+
 def encode_event(event: dict[str, Any]) -> bytes:
     """One Responses frame: `event: <type>` and a single `data:` line, closed by a blank line."""
     return encode_events((event,))

@@ -13,16 +13,18 @@ The Response is kept as sent, logprobs included; GET strips them unless `include
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
+from gateway.background import ACTIVE_STATUSES, BackgroundRun, BackgroundRuns, sse_frames
 from gateway.config import Config
 from gateway.errors import GatewayError, bad_request
 from gateway.middleware import bearer_token, json_response
+from gateway.sse import sse_headers
 from gateway.store import Item, ResponseStore, ScopedStore, caller_tag, open_store, page_items
 from gateway.translate.fronts import FrontTranslator
 from gateway.translate.input_items import replayed_items, stored_input_items, without_logprobs
@@ -40,6 +42,7 @@ class StoreHolder:
 
 
 STORE_KEY = web.AppKey("response_store", StoreHolder)
+BACKGROUND_KEY = web.AppKey("background_runs", BackgroundRuns)
 
 STORED_STATUSES = frozenset({"completed", "incomplete"})
 
@@ -109,15 +112,20 @@ class Turn:
         self.front = _RecordingFront(front)
         return self.front  # type: ignore[return-value]  # a FrontTranslator by delegation
 
-    async def save(self) -> None:
-        """Awaited by the serving loop once the final Response exists, before it is sent."""
-        if self.store is None or self.front is None:
+    async def save(self, response: dict[str, Any] | None = None, events: bytes | None = None) -> None:
+        """Awaited by the serving loop once the final Response exists, before it is sent. A background
+        response saves its own: `response` whatever its status (queued at first, then final), with
+        `events`; only a completed or incomplete one keeps input items (only those can be continued)."""
+        if self.store is None:
             return
-        response = self.front.final_response
-        if response is None or response.get("status") not in STORED_STATUSES:
-            return
+        if response is None:
+            response = self.front.final_response if self.front is not None else None
+            if response is None or response.get("status") not in STORED_STATUSES:
+                return
+        continued = response.get("status") in STORED_STATUSES
         try:
-            await self.store.save(response, [*self.history, *stored_input_items(self.given_input)])
+            await self.store.save(response, [*self.history, *stored_input_items(self.given_input)] if continued else [],
+                                  events)
         except Exception:
             log.exception("could not store response %s", response.get("id"))
 
@@ -141,6 +149,10 @@ async def _replay(store: ScopedStore | None, response_id: str) -> list[Item]:
     if previous is None or items is None:
         raise GatewayError(400, f"Previous response with id '{response_id}' not found.",
                            param="previous_response_id", code="previous_response_not_found")
+    if previous.get("status") not in STORED_STATUSES:  # a background response still running, failed, cancelled
+        raise GatewayError(400, f"Previous response with id '{response_id}' is {previous.get('status')}; only a "
+                                "completed or incomplete response can be continued.", param="previous_response_id",
+                           code="invalid_value")
     return replayed_items(items, previous.get("output") or [])
 
 
@@ -162,19 +174,61 @@ def _include(request: web.Request) -> list[str]:
     return [*request.query.getall("include[]", []), *request.query.getall("include", [])]
 
 
-async def retrieve_response(request: web.Request) -> web.Response:
+def background_run(request: web.Request, store: ScopedStore | None, response_id: str) -> BackgroundRun | None:
+    """The caller's background response of that id while this process runs it."""
+    return None if store is None else request.app[BACKGROUND_KEY].get(store.prefix + response_id)
+
+
+def _as_shown(request: web.Request, response: dict[str, Any]) -> web.Response:
+    if LOGPROBS_INCLUDE not in _include(request):
+        response = {**response, "output": without_logprobs(response.get("output") or [])}
+    return json_response(response)
+
+
+def _starting_after(request: web.Request) -> int:
+    raw = request.query.get("starting_after", "-1")
+    try:
+        return int(raw)
+    except ValueError:
+        raise bad_request(f"Invalid 'starting_after': expected an integer, got {raw!r}.", "starting_after",
+                          "invalid_type") from None
+
+
+async def follow_events(request: web.Request, frames: AsyncIterator[bytes]) -> web.StreamResponse:
+    """An SSE response of a background response's events; the client leaving stops only this."""
+    response = web.StreamResponse(headers=sse_headers(request["request_id"]))
+    await response.prepare(request)
+    async for chunk in frames:
+        await response.write(chunk)
+    await response.write_eof()
+    return response
+
+
+async def _stored_frames(events: list[dict[str, Any]], after: int) -> AsyncIterator[bytes]:
+    rest = events[max(after + 1, 0):]
+    if rest:
+        yield sse_frames(rest)
+
+
+async def retrieve_response(request: web.Request) -> web.StreamResponse:
     response_id = request.match_info["response_id"]
-    if request.query.get("stream", "false").lower() == "true":
-        raise GatewayError(400, "Streaming a stored response back is not supported.", param="stream",
-                           code="unsupported_parameter")
+    stream = request.query.get("stream", "false").lower() == "true"
     store = _store(request)
+    run = background_run(request, store, response_id)
+    if run is not None:
+        return await follow_events(request, run.log.follow(_starting_after(request))) if stream else \
+            _as_shown(request, run.current())
     with _store_errors():
         response = await store.get(response_id) if store is not None else None
+        events = await store.events(response_id) if stream and store is not None and response is not None else None
     if response is None:
         raise _not_found(response_id)
-    if LOGPROBS_INCLUDE not in _include(request):
-        response["output"] = without_logprobs(response.get("output") or [])
-    return json_response(response)
+    if stream:
+        if events is None:
+            raise GatewayError(400, "Only responses created with background=true can be streamed back.",
+                               param="stream", code="invalid_value")
+        return await follow_events(request, _stored_frames(events, _starting_after(request)))
+    return _as_shown(request, response)
 
 
 async def delete_response(request: web.Request) -> web.Response:
@@ -188,15 +242,25 @@ async def delete_response(request: web.Request) -> web.Response:
 
 
 async def cancel_response(request: web.Request) -> web.Response:
-    """Only background responses can be cancelled, and this gateway runs none in the background."""
+    """Cancel a background response: its upstream request is dropped, it ends `cancelled` with the output
+    it had. Cancelling one that has ended returns it as it is (as OpenAI does: idempotent)."""
     response_id = request.match_info["response_id"]
     store = _store(request)
+    run = background_run(request, store, response_id)
+    if run is not None:
+        return _as_shown(request, await request.app[BACKGROUND_KEY].cancel(run))
     with _store_errors():
-        known = store is not None and await store.get(response_id) is not None
-    if not known:
+        response = await store.get(response_id) if store is not None else None
+    if response is None:
         raise _not_found(response_id)
-    raise GatewayError(400, "Only responses created with background=true can be cancelled.",
-                       param="response_id", code="invalid_value")
+    if not response.get("background"):
+        raise GatewayError(400, "Only responses created with background=true can be cancelled.",
+                           param="response_id", code="invalid_value")
+    if response.get("status") in ACTIVE_STATUSES:
+        raise GatewayError(409, f"Response '{response_id}' is running on another gateway process (or on one that "
+                                "stopped before it finished); only that process can cancel it.",
+                           param="response_id", code="response_not_cancellable")
+    return _as_shown(request, response)
 
 
 def _limit(request: web.Request) -> int:
@@ -238,6 +302,7 @@ def add_stored_routes(app: web.Application, config: Config, *, per_key: bool = F
     responses are its own."""
     holder = StoreHolder(open_store(config), per_key)
     app[STORE_KEY] = holder
+    runs = app[BACKGROUND_KEY] = BackgroundRuns(config.limits.background_responses)
     app.router.add_get("/v1/responses/{response_id}", retrieve_response)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app.router.add_post("/v1/responses/{response_id}/cancel", cancel_response)
@@ -251,5 +316,9 @@ def add_stored_routes(app: web.Application, config: Config, *, per_key: bool = F
         if holder.store is not None:
             await holder.store.close()
 
+    async def stop_runs(app: web.Application) -> None:
+        await runs.stop_all()  # before the store closes: each is saved as failed
+
     app.on_startup.append(open_)
+    app.on_shutdown.append(stop_runs)
     app.on_cleanup.append(close)

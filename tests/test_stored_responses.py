@@ -466,7 +466,8 @@ def test_replayed_history_goes_between_new_instructions_and_new_input():
 class _BrokenStore(MemoryStore):
     """A store whose backend is down."""
 
-    async def save(self, response: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
+    async def save(self, response: dict[str, Any], input_items: list[dict[str, Any]],
+                   events: bytes | None = None) -> None:
         raise ConnectionError("store down")
 
     async def get(self, response_id: str) -> dict[str, Any] | None:

@@ -25,14 +25,18 @@ class ResponseStore(Protocol):
 
     async def close(self) -> None: ...
 
-    async def save(self, response: dict[str, Any], input_items: list[Item]) -> None:
-        """Keep (or replace) the Response under its `id`, with the input items that produced it."""
+    async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None) -> None:
+        """Keep (or replace) the Response under its `id`, with the input items that produced it and, for
+        a background response, its stream's events (a JSON array) for replay."""
 
     async def get(self, response_id: str) -> dict[str, Any] | None:
         """The stored Response, or None when unknown, deleted or expired."""
 
     async def input_items(self, response_id: str) -> list[Item] | None:
         """The Response's input items in conversation order, or None when the Response is gone."""
+
+    async def events(self, response_id: str) -> list[dict[str, Any]] | None:
+        """The stream events saved with the Response, or None (gone, or saved without events)."""
 
     async def delete(self, response_id: str) -> bool:
         """Forget the Response; False when there was nothing to delete."""
@@ -54,10 +58,10 @@ class ScopedStore:
     def _key(self, response_id: str) -> str:
         return self.prefix + response_id
 
-    async def save(self, response: dict[str, Any], input_items: list[Item]) -> None:
+    async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None) -> None:
         if not self.prefix:
-            return await self.store.save(response, input_items)
-        await self.store.save({**response, "id": self._key(response["id"])}, input_items)
+            return await self.store.save(response, input_items, events)
+        await self.store.save({**response, "id": self._key(response["id"])}, input_items, events)
 
     async def get(self, response_id: str) -> dict[str, Any] | None:
         found = await self.store.get(self._key(response_id))
@@ -67,6 +71,9 @@ class ScopedStore:
 
     async def input_items(self, response_id: str) -> list[Item] | None:
         return await self.store.input_items(self._key(response_id))
+
+    async def events(self, response_id: str) -> list[dict[str, Any]] | None:
+        return await self.store.events(self._key(response_id))
 
     async def delete(self, response_id: str) -> bool:
         return await self.store.delete(self._key(response_id))

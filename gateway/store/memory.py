@@ -20,7 +20,7 @@ class MemoryStore:
         self.ttl_seconds = ttl_seconds
         self.max_responses = max_responses
         self._clock = clock
-        self._entries: OrderedDict[str, tuple[float, dict[str, Any], list[Item]]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[float, dict[str, Any], list[Item], bytes | None]] = OrderedDict()
 
     async def open(self) -> None:
         pass
@@ -28,22 +28,22 @@ class MemoryStore:
     async def close(self) -> None:
         self._entries.clear()
 
-    async def save(self, response: dict[str, Any], input_items: list[Item]) -> None:
+    async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None) -> None:
         now = self._clock()
         response_id = response["id"]
         self._entries.pop(response_id, None)
         # Deep copies: the caller's dicts live on in the request handler (and in events already sent).
         # The response through JSON, as the other backends store it: its logprobs may be pre-serialized
         # JSON (orjson.Fragment), which copy.deepcopy cannot copy.
-        self._entries[response_id] = (now, orjson.loads(orjson.dumps(response)), copy.deepcopy(input_items))
+        self._entries[response_id] = (now, orjson.loads(orjson.dumps(response)), copy.deepcopy(input_items), events)
         cutoff = now - self.ttl_seconds
         while self._entries:
-            oldest_id, (saved_at, _, _) = next(iter(self._entries.items()))
+            oldest_id, (saved_at, *_) = next(iter(self._entries.items()))
             if saved_at >= cutoff and len(self._entries) <= self.max_responses:
                 break
             del self._entries[oldest_id]
 
-    def _live(self, response_id: str) -> tuple[float, dict[str, Any], list[Item]] | None:
+    def _live(self, response_id: str) -> tuple[float, dict[str, Any], list[Item], bytes | None] | None:
         entry = self._entries.get(response_id)
         if entry is None or entry[0] < self._clock() - self.ttl_seconds:
             return None
@@ -56,6 +56,10 @@ class MemoryStore:
     async def input_items(self, response_id: str) -> list[Item] | None:
         entry = self._live(response_id)
         return copy.deepcopy(entry[2]) if entry else None
+
+    async def events(self, response_id: str) -> list[dict[str, Any]] | None:
+        entry = self._live(response_id)
+        return orjson.loads(entry[3]) if entry and entry[3] is not None else None
 
     async def delete(self, response_id: str) -> bool:
         return self._entries.pop(response_id, None) is not None

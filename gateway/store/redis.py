@@ -53,12 +53,14 @@ class RedisStore:
             await self._client.aclose()
             self._client = None
 
-    async def save(self, response: dict[str, Any], input_items: list[Item]) -> None:
+    async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None) -> None:
         response_id = response["id"]
         now_ms = int(time.time() * 1000)
         key = self._key(response_id)
         async with self.client.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping={"response": orjson.dumps(response), "input_items": orjson.dumps(input_items)})
+            fields = {"response": orjson.dumps(response), "input_items": orjson.dumps(input_items)}
+            pipe.delete(key)  # a save replaces the whole entry (no events left from before)
+            pipe.hset(key, mapping=fields if events is None else {**fields, "events": events})
             pipe.expire(key, self.ttl_seconds)
             pipe.zadd(self._index, {response_id: now_ms})
             # Index entries whose hash has expired already.
@@ -80,6 +82,9 @@ class RedisStore:
 
     async def input_items(self, response_id: str) -> list[Item] | None:
         return await self._field(response_id, "input_items")
+
+    async def events(self, response_id: str) -> list[dict[str, Any]] | None:
+        return await self._field(response_id, "events")
 
     async def delete(self, response_id: str) -> bool:
         async with self.client.pipeline(transaction=True) as pipe:

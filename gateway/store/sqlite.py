@@ -29,7 +29,8 @@ CREATE TABLE IF NOT EXISTS responses (
     id TEXT NOT NULL UNIQUE,
     saved_at REAL NOT NULL,          -- unix seconds: age pruning
     response BLOB NOT NULL,          -- the Response, JSON
-    input_items BLOB NOT NULL        -- its input items, JSON array
+    input_items BLOB NOT NULL,       -- its input items, JSON array
+    events BLOB                      -- a background response's stream events, JSON array
 );
 CREATE INDEX IF NOT EXISTS responses_saved_at ON responses (saved_at);
 """
@@ -68,6 +69,9 @@ class SQLiteStore:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.executescript(_SCHEMA)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(responses)")}
+        if "events" not in columns:  # a file made before background responses
+            db.execute("ALTER TABLE responses ADD COLUMN events BLOB")
         self._db = db
 
     async def close(self) -> None:
@@ -89,17 +93,17 @@ class SQLiteStore:
 
     # --- operations (each runs on the worker thread) ----------------------------------------------
 
-    async def save(self, response: dict[str, Any], input_items: list[Item]) -> None:
+    async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None) -> None:
         # Serialized here, on the loop, so the handler's dicts are never read from another thread.
-        await self._run(self._save, response["id"], orjson.dumps(response), orjson.dumps(input_items))
+        await self._run(self._save, response["id"], orjson.dumps(response), orjson.dumps(input_items), events)
 
-    def _save(self, response_id: str, response: bytes, input_items: bytes) -> None:
+    def _save(self, response_id: str, response: bytes, input_items: bytes, events: bytes | None) -> None:
         now = self._clock()
         db = self._conn
         db.execute("BEGIN IMMEDIATE")
         try:
-            db.execute("INSERT OR REPLACE INTO responses (id, saved_at, response, input_items) VALUES (?, ?, ?, ?)",
-                       (response_id, now, response, input_items))
+            db.execute("INSERT OR REPLACE INTO responses (id, saved_at, response, input_items, events) "
+                       "VALUES (?, ?, ?, ?, ?)", (response_id, now, response, input_items, events))
             db.execute("DELETE FROM responses WHERE saved_at < ?", (now - self.ttl_seconds,))
             # Everything older than the newest max_responses rows.
             db.execute("DELETE FROM responses WHERE seq <= (SELECT seq FROM responses ORDER BY seq DESC "
@@ -112,13 +116,16 @@ class SQLiteStore:
     def _read(self, column: str, response_id: str) -> Any:
         row = self._conn.execute(f"SELECT {column} FROM responses WHERE id = ? AND saved_at >= ?",
                                  (response_id, self._clock() - self.ttl_seconds)).fetchone()
-        return None if row is None else orjson.loads(row[0])
+        return None if row is None or row[0] is None else orjson.loads(row[0])
 
     async def get(self, response_id: str) -> dict[str, Any] | None:
         return await self._run(self._read, "response", response_id)
 
     async def input_items(self, response_id: str) -> list[Item] | None:
         return await self._run(self._read, "input_items", response_id)
+
+    async def events(self, response_id: str) -> list[dict[str, Any]] | None:
+        return await self._run(self._read, "events", response_id)
 
     async def delete(self, response_id: str) -> bool:
         return await self._run(self._delete, response_id)

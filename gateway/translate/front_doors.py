@@ -79,7 +79,7 @@ def generation_from_responses(body: dict[str, Any], history: Sequence[dict[str, 
 
 
 def responses_settings(body: dict[str, Any], gen: Generation, *, store: bool = False,
-                       previous_response_id: str | None = None) -> ResponseSettings:
+                       previous_response_id: str | None = None, background: bool = False) -> ResponseSettings:
     """What the Response echoes of its (validated) request: given values, else the defaults it ran with.
     `store` and `previous_response_id` as the gateway honours them (the response store decides).
 
@@ -110,6 +110,7 @@ def responses_settings(body: dict[str, Any], gen: Generation, *, store: bool = F
         safety_identifier=body.get("safety_identifier"),
         prompt_cache_key=body.get("prompt_cache_key"),
         store=store,
+        background=background,
         previous_response_id=previous_response_id,
     )
 

@@ -30,6 +30,7 @@ class ResponseSettings:
     metadata: dict[str, str] = field(default_factory=dict)
     user: str | None = None
     store: bool = False
+    background: bool = False
     previous_response_id: str | None = None
     text_format: dict[str, Any] = field(default_factory=lambda: {"type": "text"})
     tools: list[dict[str, Any]] = field(default_factory=list)
@@ -96,7 +97,7 @@ def response_object(
         "created_at": created_at,
         "completed_at": completed_at if status == "completed" else None,
         "status": status,
-        "background": False,
+        "background": settings.background,
         "error": error,
         "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
         "instructions": settings.instructions,

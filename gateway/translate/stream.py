@@ -172,6 +172,10 @@ class ResponsesStream:
         return response_object(self.settings, self.response_id, self.created_at, status,
                                extra.pop("output", []), **extra)
 
+    def snapshot(self, status: str) -> dict[str, Any]:
+        """The Response as it stands, under `status` (a background response's `queued` or `cancelled`)."""
+        return self._snapshot(status, output=self._output("in_progress"))
+
     def start(self) -> list[dict[str, Any]]:
         snapshot = self._snapshot("in_progress")
         return [self._event("response.created", response=snapshot),
