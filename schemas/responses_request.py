@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from ._base import ContractModel, tagged_union
 from .responses_common import (
@@ -38,6 +38,19 @@ from .responses_common import (
 )
 
 CallId = Annotated[str, Field(min_length=1, max_length=64)]
+
+# `include` values OpenAI's API reference documents (the SDK's `ResponseIncludable`). Only the
+# logprobs one changes what this gateway returns; the others name tools it does not run.
+INCLUDABLE = (
+    "message.output_text.logprobs",
+    "reasoning.encrypted_content",
+    "message.input_image.image_url",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+)
 
 
 # --- content parts --------------------------------------------------------------------------
@@ -179,7 +192,9 @@ class CreateResponseRequest(ContractModel):
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
 
     include: list[str] | None = None
-    """Extra output to include; ``"message.output_text.logprobs"`` is the logprobs switch."""
+    """Extra output to include; ``"message.output_text.logprobs"`` is the logprobs switch. Only
+    the values OpenAI documents (``INCLUDABLE``) are accepted: a typo such as ``"logprobs"`` would
+    otherwise silently return no logprobs."""
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     """Candidates per position, when ``include`` asks for logprobs."""
 
@@ -200,6 +215,16 @@ class CreateResponseRequest(ContractModel):
     user: str | None = None
     safety_identifier: Annotated[str, Field(max_length=64)] | None = None
     prompt_cache_key: Annotated[str, Field(max_length=64)] | None = None
+    prompt_cache_retention: Literal["in-memory", "24h"] | None = None
+
+    @field_validator("include")
+    @classmethod
+    def _documented_includes(cls, values: list[str] | None) -> list[str] | None:
+        for value in values or ():
+            if value not in INCLUDABLE:
+                supported = ", ".join(f"'{v}'" for v in INCLUDABLE)
+                raise ValueError(f"unsupported value {value!r}; supported values are: {supported}")
+        return values
 
 
 def extra_fields(req: CreateResponseRequest) -> dict[str, Any]:
