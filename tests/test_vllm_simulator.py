@@ -403,6 +403,25 @@ async def test_invalid_requests_get_vllm_errors(
     }
 
 
+@pytest.mark.parametrize(("fields", "message", "param"), [
+    ({"logprobs": True, "top_logprobs": 21}, "Requested sample logprobs of 21, which is greater than max allowed: 20",
+     "logprobs"),
+    ({"logit_bias": {"99999": 5}}, "token_id(s) [99999] in logit_bias contain out-of-vocab token ids. "
+                                   "Vocabulary size: ", "logit_bias"),
+])
+async def test_engine_refusals_of_a_streamed_request_come_in_band_after_a_200(
+    client: Any, fields: dict[str, Any], message: str, param: str
+) -> None:
+    # vLLM's engine validates when the request is added, inside the stream generator: HTTP 200,
+    # one error frame (status 400 inside it), then [DONE]. A whole request gets the same as a 400.
+    events = await read_sse(await client.post("/v1/chat/completions", json=chat_body(stream=True, **fields)))
+    assert len(events) == 2 and events[1] == "[DONE]"
+    error = events[0]["error"]
+    assert error["message"].startswith(message) and (error["param"], error["code"]) == (param, 400)
+    whole = await client.post("/v1/chat/completions", json=chat_body(**fields))
+    assert whole.status == 400 and (await whole.json())["error"] == error
+
+
 async def test_max_logprobs_is_configurable(make_client: Any) -> None:
     client = await make_client(max_logprobs=5)
     resp = await client.post("/v1/chat/completions", json=chat_body(logprobs=True, top_logprobs=6))

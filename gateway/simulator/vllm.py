@@ -46,7 +46,14 @@ from gateway.simulator.detok import IncrementalDetokenizer, TokenStrings, decode
 from gateway.simulator.faults import FaultPlan
 from gateway.simulator.script import Output, plan_output
 from gateway.simulator.synthetic import Position
-from gateway.simulator.vllm_params import GenRequest, RequestError, ServerLimits, parse_chat, parse_completions
+from gateway.simulator.vllm_params import (
+    GenRequest,
+    RequestError,
+    ServerLimits,
+    engine_check,
+    parse_chat,
+    parse_completions,
+)
 from gateway.simulator.vllm_wire import JSON
 
 
@@ -153,6 +160,15 @@ class VLLMSimulator(SimulatorBase):
             plan, gen = await self._parse(request, endpoint)
         except RequestError as exc:
             raise Rejected(exc.response()) from None
+        refused = engine_check(gen, self.limits)
+        if refused is not None:
+            if not gen.stream:
+                raise Rejected(refused.response())
+            # The stream generator already answers 200 when the engine refuses the request: vLLM
+            # writes the error as a frame, then [DONE] (serving_chat.py / serving_completion.py,
+            # `create_streaming_error_response`), status 400 only inside it.
+            frame = b"data: " + orjson.dumps(refused.body()) + b"\n\n"
+            return Admitted(plan, True, produce=lambda writer: self._refuse_in_band(writer, frame))
         job = self._job(gen, plan, "chatcmpl" if endpoint == "chat" else "cmpl")
         # What vLLM's stream generators do when the engine fails: an error frame, then [DONE].
         message = "simulated engine failure (x-sim-fault: error_mid_stream)"
@@ -164,6 +180,10 @@ class VLLMSimulator(SimulatorBase):
             produce=lambda writer: self._stream(request, job, writer),
             error_frame=b"data: " + orjson.dumps(error.body()) + b"\n\n",
         )
+
+    async def _refuse_in_band(self, writer: SSEWriter, frame: bytes) -> None:
+        await writer.frame(frame)
+        await writer.done()
 
     # --- generation ---------------------------------------------------------------------------
 

@@ -1,8 +1,10 @@
 """Request validation and parameter resolution with vLLM's rules and error messages.
 
 Checks run in vLLM's order: body validators (400), model name (404), prompt length and
-max_tokens (400), then the logprob caps of SamplingParams (400, "Requested sample logprobs of
-N, which is greater than max allowed: M").
+max_tokens (400). What vLLM's engine checks when the request is added (`engine_check`: the
+logprob caps and `logit_bias` ids, vllm/v1/engine/input_processor.py `_validate_logprobs` and
+`_validate_logit_bias`) comes later: a whole request still gets a 400, but a streamed one is
+already answering 200 by then, so the error arrives in band (see `vllm.py`).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class GenRequest:
     as_ids: bool
     return_token_ids: bool
     stream_interval: int | None
+    logit_bias_ids: tuple[int, ...] = ()
 
 
 def _int_or_none(body: Mapping[str, Any], name: str) -> int | None:
@@ -124,17 +127,40 @@ def _check_shared(
     return prompt_logprobs, echo
 
 
-def _check_caps(logprobs: int | None, prompt_logprobs: int | None, limits: ServerLimits) -> None:
+def engine_check(gen: GenRequest, limits: ServerLimits) -> RequestError | None:
+    """What vLLM's InputProcessor refuses when the engine takes the request (None: nothing).
+
+    Wording from vllm/v1/engine/input_processor.py (`_validate_logprobs`, then `_validate_logit_bias`:
+    "token_id(s) [ids] in logit_bias contain out-of-vocab token ids. Vocabulary size: N")."""
     cap = limits.vocab_size if limits.max_logprobs == -1 else limits.max_logprobs
-    for kind, value in (("sample", logprobs), ("prompt", prompt_logprobs)):
+    for kind, value in (("sample", gen.logprobs), ("prompt", gen.prompt_logprobs)):
         if not value:
             continue
         wanted = limits.vocab_size if value == -1 else value
         if wanted > cap:
-            raise RequestError(
+            return RequestError(
                 f"Requested {kind} logprobs of {wanted}, which is greater than max allowed: {cap}",
                 param="logprobs" if kind == "sample" else "prompt_logprobs",
             )
+    invalid = [i for i in gen.logit_bias_ids if i < 0 or i >= limits.vocab_size]
+    if invalid:
+        return RequestError(
+            f"token_id(s) {invalid} in logit_bias contain out-of-vocab token ids. Vocabulary size: {limits.vocab_size}",
+            param="logit_bias",
+        )
+    return None
+
+
+def _logit_bias_ids(body: Mapping[str, Any]) -> tuple[int, ...]:
+    bias = body.get("logit_bias")
+    if bias is None:
+        return ()
+    if not isinstance(bias, Mapping):
+        raise RequestError("`logit_bias` must be an object mapping token ids to biases.", param="logit_bias")
+    try:
+        return tuple(int(key) for key in bias)
+    except ValueError:
+        raise RequestError("`logit_bias` keys must be token ids.", param="logit_bias") from None
 
 
 def _resolve_max_tokens(requested: int | None, prompt_len: int, limits: ServerLimits, param: str) -> int:
@@ -187,7 +213,6 @@ def parse_chat(body: Mapping[str, Any], limits: ServerLimits, renderer: ChatMLRe
     max_tokens = _resolve_max_tokens(requested, len(prompt_ids), limits, param)
     # vLLM only renders logprobs when `logprobs` is true *and* top_logprobs is not null.
     logprobs = top if logprobs_flag and top is not None else None
-    _check_caps(logprobs, prompt_logprobs, limits)
     return GenRequest(
         endpoint="chat",
         **_shared_fields(body, limits, stream_options),
@@ -236,7 +261,6 @@ def parse_completions(
     echo_only = echo and requested == 0
     # vLLM runs an echo-only request as a 1-token generation and shows only the prompt.
     max_tokens = _resolve_max_tokens(1 if echo_only else requested, len(prompt_ids), limits, "max_tokens")
-    _check_caps(logprobs, prompt_logprobs, limits)
     return GenRequest(
         endpoint="completions",
         **_shared_fields(body, limits, stream_options),
@@ -265,6 +289,7 @@ def _shared_fields(
         "as_ids": _as_ids(body, limits),
         "return_token_ids": flag(body, "return_token_ids"),
         "stream_interval": _stream_interval(body),
+        "logit_bias_ids": _logit_bias_ids(body),
     }
 
 
