@@ -13,9 +13,9 @@ import gc
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import aiohttp
 import orjson
@@ -25,6 +25,7 @@ from gateway.config import Config
 from gateway.errors import GatewayError, bad_request, upstream_error, upstream_timeout
 from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.parse import ParseOptions
+from gateway.loop_lag import LoopLag
 from gateway.memory import upstream_read_bufsize
 from gateway.metrics import Metrics, ReportCounters
 from gateway.middleware import (
@@ -37,7 +38,7 @@ from gateway.middleware import (
     request_context,
 )
 from gateway.playground import add_playground
-from gateway.replicas import NoReplicaAvailable, Replica, probe_forever
+from gateway.replicas import NoReplicaAvailable, Replica, probe_forever, retry_after_header
 from gateway.routing import Route, build_routes
 from gateway.sse import data_batches, encode_events, sse_headers
 from gateway.stored_routes import BACKGROUND_KEY, Turn, add_stored_routes, begin_turn, follow_events
@@ -52,7 +53,7 @@ from gateway.translate.generation import Generation
 from gateway.translate.grouping import TextMismatch
 from gateway.upstreams.base import Step, UpstreamCall, UpstreamFormatError
 from gateway.upstreams.dispatch import build_call, parse_options
-from gateway.upstreams.openai_compatible import error_message
+from gateway.upstreams.verdicts import UpstreamFault, UpstreamRejected, client_error, read_fault
 
 log = logging.getLogger("responses_gateway")
 
@@ -69,6 +70,7 @@ class GatewayState:
     in_flight: int = 0
     started_at: int = field(default_factory=lambda: int(time.time()))
     probes: list[asyncio.Task] = field(default_factory=list)
+    loop_lag: LoopLag = field(default_factory=LoopLag)  # a timeout while the loop was stalled is ours
 
 
 STATE = web.AppKey("gateway_state", GatewayState)
@@ -188,6 +190,7 @@ class _Exchange:
     reports: ReportCounters  # the route's translation counters, resolved once per request
     started: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
+    sent_tokens: int = 0  # output tokens written to the client so far (streams)
     step_usage: dict[str, Any] | None = None
     # Awaited once the final output exists, before the client gets it (the response store saves here).
     on_final: Callable[[], Awaitable[None]] | None = None
@@ -242,6 +245,9 @@ async def serve_generation(request: web.Request, front_door: str, gen: Generatio
     except GatewayError as exc:
         status = str(exc.status)
         raise
+    except (asyncio.CancelledError, ConnectionResetError):
+        status = "499"  # the client went away (nginx's "client closed request")
+        raise
     finally:
         state.in_flight -= 1
         in_flight.dec()
@@ -261,6 +267,8 @@ def _record(state: GatewayState, exchange: _Exchange, status: str, request: web.
         request["log"]["ttft_ms"] = round(ttft * 1000, 2)
     usage = exchange.step_usage or {}
     prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+    if exchange.sent_tokens > completion:  # a stream cut short: what reached the client
+        completion = exchange.sent_tokens
     model, upstream = exchange.route.model, exchange.route.upstream_name
     if prompt:
         child(metrics.tokens, model, upstream, "in").inc(prompt)
@@ -273,47 +281,73 @@ def _record(state: GatewayState, exchange: _Exchange, status: str, request: web.
 
 
 class _Retryable(Exception):
-    """An upstream fault before any byte reached the client: another replica may serve it."""
+    """An upstream fault before any byte reached the client: another replica may serve it.
 
-    def __init__(self, error: GatewayError, kind: str) -> None:
+    `counts`: a gateway-side fault of the replica (refused, no first byte in time, 5xx, malformed
+    body) that counts toward ejecting it; a 429 is retried elsewhere but counts against nothing.
+    `started`/`budget`: for a timeout, when the wait began and how long it was allowed."""
+
+    def __init__(self, error: GatewayError, kind: str, *, counts: bool = True, started: float | None = None,
+                 budget: float = 0.0) -> None:
         super().__init__(error.message)
         self.error = error
         self.kind = kind
+        self.counts = counts
+        self.started = started
+        self.budget = budget
 
 
 async def _serve_on_replicas(request: web.Request, state: GatewayState, exchange: _Exchange, call: UpstreamCall,
                              front: FrontTranslator, framing: _Framing, sink: EventSink | None
                              ) -> web.StreamResponse | None:
     route = exchange.route
+    replicas = route.replicas
     tried: set[str] = set()
     last: _Retryable | None = None
+    options = parse_options(route)
     for _ in range(route.upstream.retries + 1):
         try:
-            replica = route.replicas.choose(exclude=tried)
-        except NoReplicaAvailable:
-            break
+            replica = replicas.choose(exclude=tried)
+        except NoReplicaAvailable as exc:
+            if last is not None:
+                break
+            raise GatewayError(503, f"No replica of upstream {route.upstream_name!r} is available: every one fails "
+                                    "its health check.", type_="server_error", code="upstream_unavailable",
+                               headers={"Retry-After": retry_after_header(exc.retry_after)}) from None
         tried.add(replica.url)
-        with route.replicas.in_flight(replica):
+        with replicas.in_flight(replica):
             try:
-                upstream = await _open_upstream(request, state, route, replica, call)
+                upstream, batches = await _open_upstream(request, state, exchange, replica, call)
+                if not exchange.stream:
+                    return await _complete(state, exchange, replica, upstream, call, front, options)
             except _Retryable as exc:
-                route.replicas.failed(replica)
-                state.metrics.upstream_errors.labels(route.upstream_name, replica.url, exc.kind).inc()
+                _replica_fault(state, route, replica, exc.kind, counts=exc.counts, started=exc.started,
+                               budget=exc.budget)
                 last = exc
                 continue
-            options = parse_options(route)
-            if not exchange.stream:
-                return await _complete(state, exchange, replica, upstream, call, front, options)
             if sink is not None:
-                await _stream(request, state, exchange, replica, upstream, call, front, sink, options)
+                await _stream(request, state, exchange, replica, upstream, batches, call, front, sink, options)
                 return None
             sse = SSESink(request, framing)
-            await _stream(request, state, exchange, replica, upstream, call, front, sse, options)
+            await _stream(request, state, exchange, replica, upstream, batches, call, front, sse, options)
             return sse.response
-    if last is not None:
-        raise last.error
-    raise GatewayError(503, f"No replica of upstream {route.upstream_name!r} is available (all are cooling down "
-                            "or failing health checks).", type_="server_error", code="upstream_unavailable")
+    assert last is not None
+    raise last.error
+
+
+def _replica_fault(state: GatewayState, route: Route, replica: Replica, kind: str, *, counts: bool = True,
+                   started: float | None = None, budget: float = 0.0) -> None:
+    """Count a fault against the replica, unless it was none of its own: a 429, or a timeout while
+    the gateway's own loop was stalled for half the wait (`started`, `budget`: the wait's)."""
+    state.metrics.upstream_errors.labels(route.upstream_name, replica.url, kind).inc()
+    if not counts:
+        return
+    if started is not None and state.loop_lag.excuses(started, budget):
+        stalled = round(state.loop_lag.stalled_since(started), 3)
+        log.warning(orjson.dumps({"event": "timeout_excused", "upstream": route.upstream_name, "replica": replica.url,
+                                  "kind": kind, "budget_s": budget, "loop_stalled_s": stalled}).decode())
+        return
+    route.replicas.failed(replica, kind)
 
 
 def _upstream_headers(request: web.Request, route: Route, config: Config) -> dict[str, str]:
@@ -323,47 +357,135 @@ def _upstream_headers(request: web.Request, route: Route, config: Config) -> dic
     for name in route.upstream.forward_headers:
         if name in request.headers and name.lower() != "authorization":
             headers[name] = request.headers[name]
-    if route.upstream.api_key_env and os.environ.get(route.upstream.api_key_env):
-        headers["Authorization"] = f"Bearer {os.environ[route.upstream.api_key_env]}"
+    if _own_credential(route):
+        headers["Authorization"] = f"Bearer {os.environ[route.upstream.api_key_env or '']}"
     elif config.auth.forward_client_key and "Authorization" in request.headers:
         headers["Authorization"] = request.headers["Authorization"]
     return headers
 
 
-async def _open_upstream(request: web.Request, state: GatewayState, route: Route, replica: Replica,
-                         call: UpstreamCall) -> aiohttp.ClientResponse:
-    """POST upstream and wait for its headers. Faults here are retryable (nothing was sent yet)."""
+def _own_credential(route: Route) -> bool:
+    return bool(route.upstream.api_key_env and os.environ.get(route.upstream.api_key_env))
+
+
+Batches = AsyncIterator[list[bytes]]
+
+
+async def _open_upstream(request: web.Request, state: GatewayState, exchange: _Exchange, replica: Replica,
+                         call: UpstreamCall) -> tuple[aiohttp.ClientResponse, Batches | None]:
+    """POST upstream and wait for its headers (and, streaming, its first events). Faults here are
+    retryable (nothing was sent yet); the upstream's verdict on the request is raised as it is."""
     assert state.session is not None
+    route = exchange.route
     timeouts = route.upstream.timeouts
     timeout = aiohttp.ClientTimeout(total=timeouts.total, connect=timeouts.connect, sock_read=timeouts.idle)
     started = time.perf_counter()
+    waiting_since = time.monotonic()
     name = route.upstream_name
+    batches: Batches | None = None
     try:
         async with asyncio.timeout(timeouts.first_token):
             headers = _upstream_headers(request, route, state.config)
             response = await state.session.post(replica.url + call.path, data=orjson.dumps(call.body),
                                                 timeout=timeout, headers=headers)
+            if response.status < 400 and exchange.stream:
+                batches = await _first_events(exchange, replica, response)
     except TimeoutError:
         raise _Retryable(upstream_timeout(f"upstream {name!r} did not answer within {timeouts.first_token:g}s"),
-                         "timeout") from None
+                         "timeout", started=waiting_since, budget=timeouts.first_token) from None
     except aiohttp.ClientError as exc:
         raise _Retryable(upstream_error(f"upstream {name!r} is unreachable: {type(exc).__name__}"),
                          "connect") from None
     metrics = state.metrics
     metrics.child(metrics.upstream_latency, name, replica.url).observe(time.perf_counter() - started)
     if response.status >= 400:
-        try:
-            detail = error_message(await response.json(content_type=None), response.status)
-        except (aiohttp.ClientError, ValueError):
-            detail = f"upstream answered HTTP {response.status}"
-        finally:
-            response.release()
-        error = upstream_error(f"upstream {name!r} refused the request: {detail}")
-        if response.status >= 500:
-            raise _Retryable(error, f"http_{response.status}")
-        state.metrics.upstream_errors.labels(name, replica.url, f"http_{response.status}").inc()
-        raise error  # the upstream judged the request itself: another replica would too
-    return response
+        await _refused(state, exchange, replica, response)
+    return response, batches
+
+
+async def _refused(state: GatewayState, exchange: _Exchange, replica: Replica,
+                   response: aiohttp.ClientResponse) -> NoReturn:
+    """An upstream's error answer -> the client's error (retried elsewhere for a 5xx or a 429)."""
+    route = exchange.route
+    try:
+        body = await response.json(content_type=None)
+    except (aiohttp.ClientError, ValueError, TimeoutError):
+        body = None
+    finally:
+        response.release()
+    status = response.status
+    fault = read_fault(body, status)
+    error = client_error(fault, route.upstream_name, exchange.front_door,
+                         forwarded_client_key=state.config.auth.forward_client_key and not _own_credential(route),
+                         retry_after=response.headers.get("Retry-After"))
+    kind = f"http_{status}"
+    if status >= 500 or status == 408:
+        raise _Retryable(error, kind)
+    if status == 429:
+        raise _Retryable(error, kind, counts=False)  # another replica may have room
+    state.metrics.upstream_errors.labels(route.upstream_name, replica.url, kind).inc()
+    if fault.request_fault:
+        route.replicas.succeeded(replica)  # it is serving: it judged the request
+    raise error
+
+
+# How long a stream's headers wait for the upstream's first event. An engine refuses an invalid
+# request within milliseconds (vLLM's in-band error frame), so the client then gets a plain 4xx;
+# a long prefill does not keep the client without headers (it learns at once the stream began).
+_FIRST_EVENT_HOLD_SECONDS = 0.25
+
+
+async def _first_events(exchange: _Exchange, replica: Replica, response: aiohttp.ClientResponse) -> Batches:
+    """Wait briefly for a stream's first events before the client is answered: an in-band error
+    frame there (vLLM's 200 + `data: {"error": ...}`) becomes a plain error status, and a stream
+    that ends before any event is a malformed answer another replica may serve."""
+    batches = data_batches(response.content)
+    pending = asyncio.ensure_future(anext(batches))
+    pending.add_done_callback(_retrieved)  # its error is read by whoever awaits it; none may, if the client left
+    await asyncio.wait((pending,), timeout=_FIRST_EVENT_HOLD_SECONDS)
+    if not pending.done():
+        return _chain(pending, batches)  # slow to start: the stream loop takes it from here
+    try:
+        first = pending.result()
+    except StopAsyncIteration:
+        response.release()
+        raise _Retryable(upstream_error(f"upstream {exchange.route.upstream_name!r} ended the stream before any "
+                                        "event"), "malformed") from None
+    for data in first:
+        if b'"error"' in data:
+            try:
+                payload = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                break  # left to the stream loop, which reports it
+            if isinstance(payload, dict) and "error" in payload and not payload.get("choices"):
+                response.release()
+                _in_band_verdict(exchange, replica, read_fault(payload, 200))
+    return _chain(pending, batches)
+
+
+def _in_band_verdict(exchange: _Exchange, replica: Replica, fault: UpstreamFault) -> NoReturn:
+    route = exchange.route
+    error = client_error(fault, route.upstream_name, exchange.front_door)
+    if fault.request_fault:
+        route.replicas.succeeded(replica)
+        raise error
+    raise _Retryable(error, f"in_band_{fault.status}", counts=fault.status != 429)
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+async def _chain(first: asyncio.Future[list[bytes]], rest: Batches) -> Batches:
+    try:
+        yield await first
+    except StopAsyncIteration:
+        return
+    finally:
+        first.cancel()  # the client went away while it was still pending
+    async for batch in rest:
+        yield batch
 
 
 def _account(exchange: _Exchange, step: Step) -> None:
@@ -375,20 +497,22 @@ def _account(exchange: _Exchange, step: Step) -> None:
 
 async def _complete(state: GatewayState, exchange: _Exchange, replica: Replica, upstream: aiohttp.ClientResponse,
                     call: UpstreamCall, front: FrontTranslator, options: ParseOptions) -> web.Response:
+    """A whole answer. Until it is parsed nothing was sent, so a broken one is retried elsewhere."""
     route = exchange.route
     name = route.upstream_name
+    reading_since = time.monotonic()
     try:
         async with upstream:
             data = call.load(await upstream.read(), options)
-    except TimeoutError:
-        route.replicas.failed(replica)
-        raise upstream_timeout(f"upstream {name!r} timed out") from None
-    except (aiohttp.ClientError, orjson.JSONDecodeError) as exc:
-        route.replicas.failed(replica)
-        raise upstream_error(f"upstream {name!r} sent a broken response: {exc}") from None
-    try:
         step = call.parse(data, options, streaming=False)
-    except (UpstreamFormatError, AlignmentError) as exc:
+    except TimeoutError:
+        raise _Retryable(upstream_timeout(f"upstream {name!r} timed out"), "timeout", started=reading_since,
+                         budget=route.upstream.timeouts.idle) from None
+    except UpstreamRejected as exc:  # an error object in a 200 answer: the upstream's verdict
+        _in_band_verdict(exchange, replica, exc.fault)
+    except (aiohttp.ClientError, orjson.JSONDecodeError, UpstreamFormatError) as exc:
+        raise _Retryable(upstream_error(f"upstream {name!r} sent a broken response: {exc}"), "malformed") from None
+    except AlignmentError as exc:  # the answer is whole; its logprobs do not fit the model's tokenizer
         raise upstream_error(f"upstream {name!r} sent unusable logprobs: {exc}") from None
     route.replicas.succeeded(replica)
     _account(exchange, step)
@@ -404,8 +528,8 @@ async def _complete(state: GatewayState, exchange: _Exchange, replica: Replica, 
 
 
 async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange, replica: Replica,
-                  upstream: aiohttp.ClientResponse, call: UpstreamCall, front: FrontTranslator, sink: EventSink,
-                  options: ParseOptions) -> None:
+                  upstream: aiohttp.ClientResponse, batches: Batches | None, call: UpstreamCall,
+                  front: FrontTranslator, sink: EventSink, options: ParseOptions) -> None:
     route = exchange.route
     name = route.upstream_name
     finished = False
@@ -419,11 +543,14 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
         items: list[dict[str, Any]] = []
         read, feed, reports = call.read, front.feed_step, exchange.reports
         # What parsing repaired reaches the counters at most a second late (and all of it at the end).
-        flush_at = time.monotonic() + _REPORT_FLUSH_SECONDS
+        flush_at = read_at = time.monotonic()
+        flush_at += _REPORT_FLUSH_SECONDS
+        unsent = 0  # output tokens in `items`: counted as sent once written (the access log's on a disconnect)
         try:
-            async for batch in data_batches(upstream.content):
+            async for batch in batches or data_batches(upstream.content):
                 for data in batch:
                     step = read(data, options, True)
+                    unsent += len(step.tokens) + len(step.reasoning_tokens)
                     if step.usage:
                         exchange.step_usage = step.usage
                     if step.report is not None:
@@ -434,12 +561,15 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
                             exchange.first_token_at = time.perf_counter()
                         items += made
                     finish_reason = step.finish_reason or finish_reason
-                if time.monotonic() >= flush_at:
+                read_at = time.monotonic()
+                if read_at >= flush_at:
                     reports.flush()
-                    flush_at = time.monotonic() + _REPORT_FLUSH_SECONDS
+                    flush_at = read_at + _REPORT_FLUSH_SECONDS
                 if items:
                     await send(items)
                     items = []
+                    exchange.sent_tokens += unsent
+                    unsent = 0
             if finish_reason is None:
                 raise UpstreamFormatError("upstream stream ended without a finish_reason")
             items = front.finish(finish_reason, exchange.step_usage)
@@ -449,13 +579,30 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
         except TimeoutError:
             failed = True
             items = items + front.fail(f"upstream {name!r} stopped sending (idle timeout)")
-            _mid_stream_fault(state, route, replica, "idle_timeout")
-        except (aiohttp.ClientError, orjson.JSONDecodeError, UpstreamFormatError, AlignmentError,
-                TextMismatch) as exc:
+            _stream_failed(request, "idle_timeout")
+            _replica_fault(state, route, replica, "idle_timeout", started=read_at, budget=route.upstream.timeouts.idle)
+        except UpstreamRejected as exc:  # an in-band error frame after the stream began
+            failed = True
+            error = client_error(exc.fault, name, exchange.front_door)
+            items = items + front.fail(error.message, error)
+            kind = f"in_band_{exc.fault.status}"
+            _stream_failed(request, kind, error.code)
+            if exc.fault.request_fault:
+                route.replicas.succeeded(replica)  # its verdict on this request: no host failure
+                state.metrics.upstream_errors.labels(name, replica.url, kind).inc()
+            else:
+                _replica_fault(state, route, replica, kind, counts=exc.fault.status != 429)
+        except (aiohttp.ClientError, orjson.JSONDecodeError, UpstreamFormatError) as exc:
             failed = True
             items = items + front.fail(f"upstream {name!r} failed mid-stream: {exc}")
-            _mid_stream_fault(state, route, replica, "mid_stream")
+            _stream_failed(request, "mid_stream")
+            _replica_fault(state, route, replica, "mid_stream")
+        except (AlignmentError, TextMismatch) as exc:  # the logprobs do not fit the tokenizer: no host failure
+            failed = True
+            items = items + front.fail(f"upstream {name!r} sent unusable logprobs: {exc}")
+            _stream_failed(request, "unusable_logprobs")
         await sink.end(items, failed)
+        exchange.sent_tokens += unsent
         finished = True
     finally:
         exchange.reports.flush()
@@ -469,19 +616,27 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
 _REPORT_FLUSH_SECONDS = 1.0
 
 
-def _mid_stream_fault(state: GatewayState, route: Route, replica: Replica, kind: str) -> None:
-    route.replicas.failed(replica)
-    state.metrics.upstream_errors.labels(route.upstream_name, replica.url, kind).inc()
+def _stream_failed(request: web.Request, reason: str, code: str | None = None) -> None:
+    """The access line of a stream that began (HTTP 200) and then failed says so, and why."""
+    request["log"].update(outcome="failed", failure=reason, **({"error_code": code} if code else {}))
 
 
 class EventSink(Protocol):
     """Where the stream loop puts a stream's events: `begin` with the first ones, `send` what one
     network read made (never empty), `end` with the last ones (`failed`: the stream ended in an
-    in-stream error). An SSE response, a WebSocket, or a background response's event log."""
+    in-stream error). An SSE response, a WebSocket, or a background response's event log.
+
+    A sink whose client went away raises ClientGone (never aiohttp's ClientError, which the loop
+    would take for the upstream's fault)."""
 
     async def begin(self, items: list[dict[str, Any]]) -> None: ...
     async def send(self, items: list[dict[str, Any]]) -> None: ...
     async def end(self, items: list[dict[str, Any]], failed: bool) -> None: ...
+
+
+class ClientGone(ConnectionResetError):
+    """Writing to the client failed: it went away. Not an upstream fault (aiohttp's own reset
+    error is a ClientError, which the stream loop would take for the upstream's)."""
 
 
 class _EventStreamResponse(web.StreamResponse):
@@ -510,17 +665,23 @@ class SSESink:
         self.response = response
         await response.prepare(self.request)
         if items:
-            await response.write(self.framing.encode(items))
+            await self._write(self.framing.encode(items))
 
     async def send(self, items: list[dict[str, Any]]) -> None:
-        assert self.response is not None
-        await self.response.write(self.framing.encode(items))
+        await self._write(self.framing.encode(items))
 
     async def end(self, items: list[dict[str, Any]], failed: bool) -> None:
         assert self.response is not None
         tail = self.framing.encode(items) if items else b""
         # The last events, the end marker and the chunked-encoding terminator: one write.
         await self.response.write_eof(tail if failed else tail + self.framing.end())
+
+    async def _write(self, data: bytes) -> None:
+        assert self.response is not None
+        try:
+            await self.response.write(data)
+        except ConnectionResetError:
+            raise ClientGone("the client closed the connection") from None
 
 
 # --- discovery, probes, metrics --------------------------------------------------------------------
@@ -538,14 +699,17 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Ready: config loaded, not draining, and every model has an upstream replica that can serve."""
+    """Ready: config loaded, not draining, and every model has a replica a request could try (the
+    same state the router uses: with active checks, one that passed; ejection does not count, as
+    the router tries ejected replicas when none is healthy). The body shows each replica's state."""
     state = request.app[STATE]
     unready = sorted({name for name, route in state.routes.items()
                       if not route.replicas.ready(probed=route.upstream.health_interval > 0)})
+    upstreams = {route.upstream_name: route.replicas.state() for route in state.routes.values()}
     if state.draining or unready:
         return json_response({"status": "draining" if state.draining else "unready", "models_without_replica":
-                              unready}, 503)
-    return json_response({"status": "ready"})
+                              unready, "upstreams": upstreams}, 503)
+    return json_response({"status": "ready", "upstreams": upstreams})
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
@@ -575,6 +739,7 @@ async def _on_startup(app: web.Application) -> None:
     # How much of each upstream response is read ahead of the translator (memory vs. throughput).
     state.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=256),
                                           read_bufsize=upstream_read_bufsize(os.environ))
+    state.probes.append(asyncio.create_task(state.loop_lag.run()))
     seen: set[int] = set()
     for route in state.routes.values():
         if route.upstream.health_interval <= 0 or id(route.replicas) in seen:

@@ -44,7 +44,12 @@ class Upstream(_Strict):
     max_top_logprobs: int | None = Field(default=None, ge=0)
     timeouts: Timeouts = Timeouts()
     retries: int = Field(default=1, ge=0)  # other replicas tried before the first byte reaches the client
-    cooldown: float = Field(default=10.0, ge=0)  # seconds a failing replica sits out
+    # Outlier ejection (Envoy's): `eject_after` consecutive gateway-side failures eject a replica for
+    # `cooldown` seconds times its consecutive ejections, at most `max_cooldown`; never the last healthy one.
+    eject_after: int = Field(default=5, ge=1)
+    cooldown: float = Field(default=10.0, ge=0)
+    max_cooldown: float = Field(default=300.0, ge=0)
+    max_ejection_percent: float = Field(default=100.0, ge=0, le=100)
     health_path: str = "/health"
     health_interval: float = Field(default=5.0, ge=0)  # seconds between active checks; 0 turns them off
     api_key_env: str | None = None  # environment variable holding the upstream's bearer token

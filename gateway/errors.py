@@ -9,8 +9,9 @@ class GatewayError(Exception):
     """An error with its HTTP status and OpenAI error fields."""
 
     def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
+        self.headers = headers  # sent with the error (e.g. Retry-After)
         self.status = status
         self.message = message
         self.type = type_

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -21,6 +22,7 @@ log = logging.getLogger("responses_gateway.access")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 REQUEST_ID_HEADER = "X-Request-Id"
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that went away before its answer was complete
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 # Endpoints that answer without a key: probes and the scrape.
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -65,7 +67,12 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     except web.HTTPException as exc:
         status = exc.status
         raise
+    except asyncio.CancelledError:
+        request["log"]["client_disconnected"] = True
+        raise
     finally:
+        if request["log"].get("client_disconnected"):
+            status = CLIENT_CLOSED_REQUEST
         if log.isEnabledFor(logging.INFO):
             entry = {"request_id": request_id, "method": request.method, "path": request.path, "status": status,
                      "duration_ms": round((time.perf_counter() - started) * 1000, 2), **request["log"]}
@@ -79,7 +86,7 @@ def error_middleware_factory() -> Callable:
             return await handler(request)
         except GatewayError as exc:
             request["log"]["error_code"] = exc.code
-            return json_response(exc.body(), exc.status)
+            return json_response(exc.body(), exc.status, headers=exc.headers)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gateway.config import Config, ConfigError, Upstream
 from gateway.logprobs.vocab import HFVocab, Vocab, VocabError, load_vocab
-from gateway.replicas import ReplicaSet
+from gateway.replicas import Outlier, ReplicaSet
 from gateway.translate.chat_template import ChatTemplate, ChatTemplateError
 
 
@@ -42,6 +42,11 @@ def encodes_per_request(upstream: Upstream) -> bool:
     return upstream.api == "generate" and upstream.dialect == "tgi"
 
 
+def outlier(upstream: Upstream) -> Outlier:
+    return Outlier(upstream.eject_after, upstream.cooldown, max(upstream.max_cooldown, upstream.cooldown),
+                   upstream.max_ejection_percent, upstream.health_interval)
+
+
 def build_routes(config: Config) -> dict[str, Route]:
     """Load every model's tokenizer and template now, so a bad one fails at start.
 
@@ -51,7 +56,7 @@ def build_routes(config: Config) -> dict[str, Route]:
     Aliases map to the same route; replicas are shared per upstream so load balancing and
     health see all of an upstream's traffic.
     """
-    replica_sets = {name: ReplicaSet(u.urls, cooldown=u.cooldown) for name, u in config.upstreams.items()}
+    replica_sets = {name: ReplicaSet(u.urls, name=name, outlier=outlier(u)) for name, u in config.upstreams.items()}
     routes: dict[str, Route] = {}
     for name, model in config.models.items():
         vocab = None

@@ -39,6 +39,14 @@ def _error(payload: dict) -> dict:
         ({"model": "demo-model", "input": ""}, "input", "empty_input"),
         ({"model": "demo-model", "input": []}, "input", "empty_input"),
         ({"input": "hi"}, "model", "missing_required_parameter"),
+        # A typo'd include used to be ignored (200 with no logprobs); OpenAI answers 400.
+        ({"model": "demo-model", "input": "hi", "include": ["logprobs"]}, "include", "invalid_value"),
+        ({"model": "demo-model", "input": "hi", "include": "message.output_text.logprobs"}, "include",
+         "invalid_type"),
+        ({"model": "demo-model", "input": "hi", "prompt_cache_retention": "1h"}, "prompt_cache_retention",
+         "invalid_value"),
+        ({"model": "demo-model", "input": "hi", "top_p": 1.5}, "top_p", "decimal_above_max_value"),
+        ({"model": "demo-model", "input": "hi", "max_tool_calls": 0}, "max_tool_calls", "integer_below_min_value"),
     ],
 )
 async def test_bad_fields_get_400_naming_the_param(aiohttp_server, vocab, body, param, code):
@@ -74,14 +82,16 @@ async def test_upstream_refusal_becomes_502_with_its_message(aiohttp_server, voc
     status, payload = await _post(stack.url("/v1/responses"),
                                   {"model": "demo-model", "input": "hi", "x_sim_fault": "http500"})
     error = _error(payload)
-    assert status == 502 and "refused" in error["message"] and error["code"] == "upstream_error"
+    assert status == 502 and "simulated failure" in error["message"] and error["code"] == "upstream_error"
 
 
-async def test_upstream_over_its_logprob_cap_becomes_502_with_vllms_message(aiohttp_server, vocab):
+async def test_upstream_over_its_logprob_cap_keeps_vllms_400_and_message(aiohttp_server, vocab):
     stack = await start_stack(aiohttp_server, vocab, max_logprobs=5)
     status, payload = await _post(stack.url("/v1/responses"), {"model": "demo-model", "input": "hi",
                                                                "include": LOGPROBS, "top_logprobs": 10})
-    assert status == 502 and "max allowed: 5" in _error(payload)["message"]
+    error = _error(payload)
+    assert status == 400 and "max allowed: 5" in error["message"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "top_logprobs")
 
 
 async def test_unreachable_upstream_becomes_502(aiohttp_server, vocab, unused_tcp_port):

@@ -56,40 +56,50 @@ BODY = {"model": MODEL, "input": "hi", "max_output_tokens": 4}
 
 
 @pytest.mark.parametrize("fault", ["refuse", "http500", "hang"])
-async def test_a_sick_replica_is_retried_elsewhere_and_cools_down(aiohttp_server, unused_tcp_port, vocab, fault):
+async def test_a_sick_replica_is_retried_elsewhere_and_five_faults_in_a_row_eject_it(aiohttp_server, unused_tcp_port,
+                                                                                    vocab, fault, caplog):
     good = await aiohttp_server(create_simulator(vocab, MODEL))
     bad_url = f"http://127.0.0.1:{unused_tcp_port}" if fault == "refuse" else _url(
         await aiohttp_server(_broken_upstream(fault)))
     gateway = await _gateway(aiohttp_server, [bad_url, _url(good)], health_interval=0, retries=1,
-                             timeouts={"first_token": 0.5})
+                             timeouts={"first_token": 0.3})
     state = gateway.app[STATE]
     replicas = state.routes[MODEL].replicas
-    replicas.replicas[1].in_flight = 1  # make the sick one the first choice
-    status, payload, _ = await _post(str(gateway.make_url("/v1/responses")), BODY)
-    replicas.replicas[1].in_flight = 0
-    assert status == 200 and payload["status"] == "incomplete"
     sick = replicas.replicas[0]
-    assert sick.failures == 1 and sick.cooldown_until > 0
     kind = {"refuse": "connect", "http500": "http_500", "hang": "timeout"}[fault]
-    assert state.metrics.upstream_errors.labels("sim", bad_url, kind)._value.get() == 1
-    # In cooldown, the next request goes straight to the healthy replica.
+    caplog.set_level("INFO", logger="responses_gateway")
+    for attempt in range(1, 6):
+        replicas.replicas[1].in_flight = 1  # make the sick one the first choice
+        status, payload, _ = await _post(str(gateway.make_url("/v1/responses")), BODY)
+        replicas.replicas[1].in_flight = 0
+        assert status == 200 and payload["status"] == "incomplete"  # retried on the good replica
+        assert state.metrics.upstream_errors.labels("sim", bad_url, kind)._value.get() == attempt
+        assert (sick.ejected_until > 0) == (attempt == 5)  # the fifth fault in a row ejects it
+    ejected = [json.loads(r.message) for r in caplog.records if '"replica_ejected"' in r.message]
+    assert [(e["replica"], e["reason"], e["consecutive_failures"], e["ejected_for_s"]) for e in ejected] == [
+        (bad_url, kind, 5, 10.0)]
+    # Ejected, it is no longer tried while the other replica is healthy.
     status, _, _ = await _post(str(gateway.make_url("/v1/responses")), BODY)
-    assert status == 200 and sick.failures == 1
+    assert status == 200 and state.metrics.upstream_errors.labels("sim", bad_url, kind)._value.get() == 5
 
 
 @pytest.mark.parametrize(("fault", "status", "code"), [("http500", 502, "upstream_error"),
                                                       ("hang", 504, "upstream_timeout")])
 async def test_when_every_replica_fails_the_client_gets_a_clear_error(aiohttp_server, vocab, fault, status, code):
     bad = [_url(await aiohttp_server(_broken_upstream(fault))) for _ in range(2)]
-    gateway = await _gateway(aiohttp_server, bad, health_interval=0, retries=1, timeouts={"first_token": 0.3})
+    gateway = await _gateway(aiohttp_server, bad, health_interval=0, retries=1, timeouts={"first_token": 0.3},
+                             eject_after=1)
     got, payload, _ = await _post(str(gateway.make_url("/v1/responses")), BODY)
     assert got == status and payload["error"]["code"] == code
-    # Both are cooling down now: the next request is refused at once, without touching them.
+    # One is ejected now, the other was the last healthy one and is not: both are still tried
+    # (the ejected one in panic), so the client hears what the upstream did, never a bare 503.
+    replicas = gateway.app[STATE].routes[MODEL].replicas.replicas
+    assert sorted(r.ejected_until > 0 for r in replicas) == [False, True]
     got, payload, _ = await _post(str(gateway.make_url("/v1/responses")), BODY)
-    assert got == 503 and payload["error"]["code"] == "upstream_unavailable"
+    assert got == status and payload["error"]["code"] == code
 
 
-async def test_dying_mid_stream_fails_the_stream_and_cools_the_replica(aiohttp_server, vocab):
+async def test_dying_mid_stream_fails_the_stream_and_counts_one_fault(aiohttp_server, vocab):
     sim = await aiohttp_server(create_simulator(vocab, MODEL))
     gateway = await _gateway(aiohttp_server, [_url(sim)], health_interval=0)
     body = {**BODY, "stream": True, "x_sim_fault": "die_mid_stream"}
@@ -98,8 +108,11 @@ async def test_dying_mid_stream_fails_the_stream_and_cools_the_replica(aiohttp_s
         frames = [line for line in (await reply.text()).splitlines() if line.startswith("data: ")]
     assert json.loads(frames[-1][6:])["type"] == "response.failed"
     state = gateway.app[STATE]
-    assert state.routes[MODEL].replicas.replicas[0].failures == 1
+    replica = state.routes[MODEL].replicas.replicas[0]
+    assert replica.failures == 1 and replica.ejected_until == 0
     assert state.metrics.upstream_errors.labels("sim", _url(sim), "mid_stream")._value.get() == 1
+    status, _, _ = await _post(str(gateway.make_url("/v1/responses")), BODY)  # at once: served
+    assert status == 200 and replica.failures == 0
 
 
 async def test_readiness_follows_active_health_checks(aiohttp_server, unused_tcp_port, vocab):
@@ -116,8 +129,9 @@ async def test_readiness_follows_active_health_checks(aiohttp_server, unused_tcp
         async with session.get(str(dead.make_url("/healthz"))) as reply:
             assert reply.status == 200  # alive, just not ready
     # A replica that fails its check takes no traffic.
-    status, payload, _ = await _post(str(dead.make_url("/v1/responses")), BODY)
+    status, payload, headers = await _post(str(dead.make_url("/v1/responses")), BODY)
     assert status == 503 and payload["error"]["code"] == "upstream_unavailable"
+    assert headers["Retry-After"] == "1"  # the health checks' period, rounded up
 
 
 async def test_draining_refuses_new_requests_and_turns_readiness_off(aiohttp_server, vocab):

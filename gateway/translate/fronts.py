@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from gateway.errors import GatewayError
 from gateway.logprobs.tokens import Token
 from gateway.logprobs.vocab import Vocab
 from gateway.translate.chat_front import ChatStream
@@ -26,7 +27,7 @@ class FrontTranslator(Protocol):
     def feed_step(self, step: Step) -> list[dict[str, Any]]: ...
     def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]: ...
     def final(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]: ...
-    def fail(self, message: str) -> list[dict[str, Any]]: ...
+    def fail(self, message: str, error: GatewayError | None = None) -> list[dict[str, Any]]: ...
 
 
 def responses_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -63,8 +64,9 @@ class _Front:
     def final(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
         return self.stream.final(finish_reason, usage)
 
-    def fail(self, message: str) -> list[dict[str, Any]]:
-        return [error_payload(message)]
+    def fail(self, message: str, error: GatewayError | None = None) -> list[dict[str, Any]]:
+        """`error`: the upstream's own verdict (an in-band error frame), in the client's error shape."""
+        return [error.body() if error is not None else error_payload(message)]
 
 
 class ResponsesFront(_Front):
@@ -87,8 +89,11 @@ class ResponsesFront(_Front):
     def final(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
         return self.stream.final_response(finish_reason, responses_usage(usage))
 
-    def fail(self, message: str) -> list[dict[str, Any]]:
-        return self.stream.fail(message)  # a `response.failed` event, not an error object
+    def fail(self, message: str, error: GatewayError | None = None) -> list[dict[str, Any]]:
+        # A `response.failed` event, not an error object; its code is one of the few ResponseError allows.
+        if error is None or error.status >= 500:
+            return self.stream.fail(message)
+        return self.stream.fail(message, "rate_limit_exceeded" if error.status == 429 else "invalid_prompt")
 
 
 class ChatFront(_Front):

@@ -25,6 +25,7 @@ from gateway.logprobs.spellings import looks_like_special
 from gateway.logprobs.tokens import Origin, Token
 from gateway.translate.generation import Generation
 from gateway.upstreams.base import Step, ToolCallDelta, UpstreamCall, UpstreamFormatError, unsupported
+from gateway.upstreams.verdicts import rejected
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +65,8 @@ def _is_mapping(value: Any) -> bool:
 
 def _choice(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
     error = body.get("error")
-    if error is not None and _is_mapping(error):
-        raise UpstreamFormatError(f"upstream error: {body['error'].get('message', body['error'])}")
+    if error is not None and (_is_mapping(error) or isinstance(error, str)):  # str: TGI's Messages API
+        raise rejected(body)  # an in-band error frame: the upstream's verdict, not a malformed chunk
     choices = body.get("choices")
     if not isinstance(choices, list):
         raise UpstreamFormatError("upstream body has no choices list")
@@ -263,21 +264,6 @@ def _split_echo(step: Step, prompt: str) -> None:
         raise UpstreamFormatError("echo without a usable usage.prompt_tokens")
     step.prompt_text, step.text = prompt, step.text[len(prompt):]
     step.prompt_tokens, step.tokens = step.tokens[:count], step.tokens[count:]
-
-
-def error_message(body: Any, status: int) -> str:
-    """An error body (`{"error": {"message"}}`, `{"error": "text"}` (TGI), `{"message"}`) -> text."""
-    if isinstance(body, Mapping):
-        error = body.get("error")
-        if isinstance(error, Mapping) and isinstance(error.get("message"), str):
-            return error["message"]
-        if isinstance(error, str):
-            return error
-        if isinstance(body.get("message"), str):
-            return body["message"]
-        if isinstance(body.get("detail"), str):
-            return body["detail"]
-    return f"upstream answered HTTP {status}"
 
 
 # --- requests -----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from gateway.logprobs.parse import LogprobParseError, ParseOptions, parse_chat
 from gateway.translate.generation import Generation
 from gateway.upstreams.base import Step, UpstreamCall, UpstreamFormatError, unsupported
 from gateway.upstreams.openai_compatible import Flavor, check_cap
+from gateway.upstreams.verdicts import rejected
 
 FLAVOR = Flavor(name="SGLang", trust_bytes=None)
 
@@ -51,8 +52,7 @@ class GenerateParser:
     def __call__(self, body: Mapping[str, Any], options: ParseOptions, *, streaming: bool) -> Step:
         error = body.get("error")
         if error is not None:
-            message = error.get("message") if isinstance(error, Mapping) else error
-            raise UpstreamFormatError(f"upstream error: {message}")
+            raise rejected(body)
         meta = body.get("meta_info")
         text = body.get("text")
         if not isinstance(meta, Mapping) or not isinstance(text, str):

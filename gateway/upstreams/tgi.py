@@ -16,6 +16,7 @@ from gateway.logprobs.parse import LogprobParseError, Parsed, ParseOptions, pars
 from gateway.translate.generation import Generation
 from gateway.upstreams.base import Step, UpstreamCall, UpstreamFormatError, unsupported
 from gateway.upstreams.openai_compatible import Flavor, check_cap
+from gateway.upstreams.verdicts import rejected
 
 # The Messages API (/v1/chat/completions): no `bytes`, no ids; `""` on the first tokens of a split
 # character. Its /v1/completions never returns logprobs.
@@ -82,7 +83,7 @@ def _usage(options: ParseOptions, prompt: str, generated_tokens: Any) -> dict[st
 def generate_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool, prompt: str) -> Step:
     """A `/generate` body, or one `/generate_stream` event (one token each), -> Step."""
     if isinstance(body.get("error"), str):
-        raise UpstreamFormatError(f"upstream error: {body['error']}")
+        raise rejected(body)  # TGI's in-band `{"error": text, "error_type": ...}`
     try:
         if not streaming:
             text, parsed = parse_generate_details(body, options)
