@@ -35,7 +35,7 @@ async def _post(url: str, body: dict, headers: dict | None = None) -> tuple[int,
         return reply.status, await reply.json(content_type=None), dict(reply.headers)
 
 
-def _counted(url: str):
+def _counted():
     """A loopback server that counts its requests and answers with `answer(n)` (n from 1)."""
     seen: list[dict] = []
 
@@ -129,7 +129,7 @@ async def _rate_limited(request: web.Request, n: int) -> web.Response:
 async def test_a_429_tries_another_replica_then_passes_retry_after(aiohttp_server, vocab):
     from gateway.simulator.vllm import create_app as vllm_app
 
-    seen, wrap = _counted("")
+    seen, wrap = _counted()
     busy = await aiohttp_server(wrap(_rate_limited))
     free = await aiohttp_server(vllm_app(vocab, "m"))
     gateway = await _gateway(aiohttp_server, [_base(busy), _base(free)], retries=1)
@@ -155,13 +155,14 @@ async def test_an_upstream_401_or_403_is_the_gateways_credential_not_the_client(
         return web.json_response({"error": {"message": "Invalid API key", "type": "invalid_request_error"}},
                                  status=upstream_status)
 
-    seen, wrap = _counted("")
+    seen, wrap = _counted()
     upstream = await aiohttp_server(wrap(refuse))
     gateway = await _gateway(aiohttp_server, [_base(upstream)])
     status, payload, _ = await _post(str(gateway.make_url("/v1/responses")), {"model": "m", "input": "hi"})
     assert status == 502 and payload["error"]["code"] == "upstream_auth_failed"
     assert "gateway's own credential" in payload["error"]["message"] and "api_key_env" in payload["error"]["message"]
     assert gateway.app[STATE].routes["m"].replicas.replicas[0].failures == 0
+    assert len(seen) == 1  # not retried: every replica holds the same credential
 
 
 # --- in-band error frames (vLLM: HTTP 200, `data: {"error": {..., "code": 400}}`, `data: [DONE]`) --------
@@ -193,7 +194,7 @@ def _in_band(after_chunks: int, code: int = 400, go_on: asyncio.Event | None = N
 
 
 async def test_an_in_band_error_before_any_byte_is_a_plain_400_and_no_replica_fault(aiohttp_server, vocab):
-    seen, wrap = _counted("")
+    seen, wrap = _counted()
     upstream = await aiohttp_server(wrap(_in_band(0)))
     gateway = await _gateway(aiohttp_server, [_base(upstream)])
     client = openai.AsyncOpenAI(base_url=str(gateway.make_url("/v1")), api_key="k")
@@ -206,7 +207,7 @@ async def test_an_in_band_error_before_any_byte_is_a_plain_400_and_no_replica_fa
 
 
 async def test_an_in_band_error_mid_stream_fails_the_response_and_is_no_replica_fault(aiohttp_server, vocab, caplog):
-    seen, wrap = _counted("")
+    seen, wrap = _counted()
     go_on = asyncio.Event()
     upstream = await aiohttp_server(wrap(_in_band(2, go_on=go_on)))
     gateway = await _gateway(aiohttp_server, [_base(upstream)])
@@ -219,7 +220,7 @@ async def test_an_in_band_error_mid_stream_fails_the_response_and_is_no_replica_
         lines += (await reply.content.read()).splitlines()
         frames = [json.loads(line[6:]) for line in lines if line.startswith(b"data: ")]
     failed = frames[-1]
-    assert failed["type"] == "response.failed"
+    assert failed["type"] == "response.failed" and len(seen) == 1
     assert failed["response"]["error"]["code"] == "invalid_prompt"
     assert "out-of-vocab" in failed["response"]["error"]["message"]
     assert gateway.app[STATE].routes["m"].replicas.replicas[0].failures == 0
@@ -231,7 +232,7 @@ async def test_an_in_band_error_mid_stream_fails_the_response_and_is_no_replica_
 async def test_an_in_band_5xx_before_any_byte_is_retried_on_another_replica(aiohttp_server, vocab):
     from gateway.simulator.vllm import create_app as vllm_app
 
-    seen, wrap = _counted("")
+    seen, wrap = _counted()
     broken = await aiohttp_server(wrap(_in_band(0, code=500)))
     good = await aiohttp_server(vllm_app(vocab, "m"))
     gateway = await _gateway(aiohttp_server, [_base(broken), _base(good)], retries=1)
