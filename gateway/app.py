@@ -389,7 +389,8 @@ async def _open_upstream(request: web.Request, state: GatewayState, exchange: _E
             response = await state.session.post(replica.url + call.path, data=orjson.dumps(call.body),
                                                 timeout=timeout, headers=headers)
             if response.status < 400 and exchange.stream:
-                batches = await _first_events(exchange, replica, response)
+                deadline = asyncio.get_running_loop().time() - (time.monotonic() - waiting_since) + timeouts.first_token
+                batches = await _first_events(exchange, replica, response, deadline)
     except TimeoutError:
         raise _Retryable(upstream_timeout(f"upstream {name!r} did not answer within {timeouts.first_token:g}s"),
                          "timeout", started=waiting_since, budget=timeouts.first_token) from None
@@ -435,7 +436,8 @@ async def _refused(state: GatewayState, exchange: _Exchange, replica: Replica,
 _FIRST_EVENT_HOLD_SECONDS = 0.25
 
 
-async def _first_events(exchange: _Exchange, replica: Replica, response: aiohttp.ClientResponse) -> Batches:
+async def _first_events(exchange: _Exchange, replica: Replica, response: aiohttp.ClientResponse,
+                        deadline: float) -> Batches:
     """Wait briefly for a stream's first events before the client is answered: an in-band error
     frame there (vLLM's 200 + `data: {"error": ...}`) becomes a plain error status, and a stream
     that ends before any event is a malformed answer another replica may serve."""
@@ -444,7 +446,7 @@ async def _first_events(exchange: _Exchange, replica: Replica, response: aiohttp
     pending.add_done_callback(_retrieved)  # its error is read by whoever awaits it; none may, if the client left
     await asyncio.wait((pending,), timeout=_FIRST_EVENT_HOLD_SECONDS)
     if not pending.done():
-        return _chain(pending, batches)  # slow to start: the stream loop takes it from here
+        return _chain(pending, batches, deadline)  # slow to start: the stream loop takes it from here
     try:
         first = pending.result()
     except StopAsyncIteration:
@@ -460,7 +462,7 @@ async def _first_events(exchange: _Exchange, replica: Replica, response: aiohttp
             if isinstance(payload, dict) and "error" in payload and not payload.get("choices"):
                 response.release()
                 _in_band_verdict(exchange, replica, read_fault(payload, 200))
-    return _chain(pending, batches)
+    return _chain(pending, batches, deadline)
 
 
 def _in_band_verdict(exchange: _Exchange, replica: Replica, fault: UpstreamFault) -> NoReturn:
@@ -477,9 +479,12 @@ def _retrieved(future: asyncio.Future) -> None:
         future.exception()
 
 
-async def _chain(first: asyncio.Future[list[bytes]], rest: Batches) -> Batches:
+async def _chain(first: asyncio.Future[list[bytes]], rest: Batches, deadline: float) -> Batches:
+    """The first events (still bound by the first-token deadline, a loop time), then the rest."""
     try:
-        yield await first
+        async with asyncio.timeout_at(deadline):
+            batch = await first
+        yield batch
     except StopAsyncIteration:
         return
     finally:

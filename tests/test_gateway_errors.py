@@ -6,6 +6,7 @@ import json
 import aiohttp
 import pytest
 
+from gateway.app import STATE
 from gateway.logprobs.demo_vocab import build_demo_vocab
 from tests.e2e import LOGPROBS, start_stack
 
@@ -120,13 +121,18 @@ async def test_upstream_dying_mid_stream_ends_with_response_failed(aiohttp_serve
                                                                "response.incomplete"} for e in events) == 1
 
 
-async def test_client_disconnect_cancels_the_upstream_request(aiohttp_server, vocab):
+async def test_client_disconnect_cancels_the_upstream_request_and_logs_499_with_the_tokens_sent(
+        aiohttp_server, vocab, caplog):
     stack = await start_stack(aiohttp_server, vocab, step_delay_ms=50)
+    caplog.set_level("INFO", logger="responses_gateway")
+    deltas = 0
     async with aiohttp.ClientSession() as session:
         response = await session.post(stack.url("/v1/responses"),
                                       json={"model": "demo-model", "input": "hi", "stream": True,
                                             "max_output_tokens": 200, "ignore_eos": True})
-        await response.content.readline()  # the stream has begun
+        while deltas < 3:  # the stream has begun and tokens arrived
+            line = await response.content.readline()
+            deltas += line.startswith(b"event: response.output_text.delta")
         response.close()  # the client goes away mid-stream
     for _ in range(100):
         if stack.stats.outcomes["cancelled"] == 1:
@@ -134,3 +140,12 @@ async def test_client_disconnect_cancels_the_upstream_request(aiohttp_server, vo
         await asyncio.sleep(0.05)
     assert stack.stats.started == 1
     assert stack.stats.outcomes["cancelled"] == 1 and stack.stats.outcomes["finished"] == 0
+    for _ in range(100):  # the access line is written once the handler has unwound
+        access = [json.loads(r.message) for r in caplog.records if r.name == "responses_gateway.access"]
+        if access:
+            break
+        await asyncio.sleep(0.05)
+    assert access[-1]["status"] == 499 and access[-1]["client_disconnected"] is True
+    assert 3 <= access[-1]["output_tokens"] < 200  # what was written before it left, not 0 and not 200
+    replica = stack.gateway.app[STATE].routes["demo-model"].replicas.replicas[0]
+    assert replica.failures == 0  # the client leaving is no fault of the upstream

@@ -263,3 +263,19 @@ async def test_access_log_has_no_prompt_unless_bodies_are_turned_on(aiohttp_serv
         assert line["status"] == 200 and line["model"] == MODEL and line["output_tokens"] == 4
         assert "sk-very-secret" not in json.dumps(line)
         assert ("secret prompt" in json.dumps(line)) is log_bodies
+
+
+async def test_a_timeout_while_the_gateways_own_loop_was_stalled_is_no_replica_fault(aiohttp_server, vocab, caplog):
+    hung = await aiohttp_server(_broken_upstream("hang"))
+    gateway = await _gateway(aiohttp_server, [_url(hung)], health_interval=0, timeouts={"first_token": 0.3})
+    state = gateway.app[STATE]
+    replica = state.routes[MODEL].replicas.replicas[0]
+    caplog.set_level("INFO", logger="responses_gateway")
+    status, _, _ = await _post(str(gateway.make_url("/v1/responses")), BODY)
+    assert status == 504 and replica.failures == 1  # an idle loop: the upstream's fault
+    # Now the loop itself is blocked for longer than the whole wait (as a saturated gateway is).
+    asyncio.get_running_loop().call_later(0.05, __import__("time").sleep, 0.4)
+    status, _, _ = await _post(str(gateway.make_url("/v1/responses")), BODY)
+    assert status == 504 and replica.failures == 1  # not counted
+    excused = [json.loads(r.message) for r in caplog.records if '"timeout_excused"' in r.message]
+    assert len(excused) == 1 and excused[0]["loop_stalled_s"] >= 0.15 and excused[0]["kind"] == "timeout"
