@@ -279,3 +279,20 @@ async def test_a_timeout_while_the_gateways_own_loop_was_stalled_is_no_replica_f
     assert status == 504 and replica.failures == 1  # not counted
     excused = [json.loads(r.message) for r in caplog.records if '"timeout_excused"' in r.message]
     assert len(excused) == 1 and excused[0]["loop_stalled_s"] >= 0.15 and excused[0]["kind"] == "timeout"
+
+
+async def test_readiness_agrees_with_the_replica_state_the_router_uses(aiohttp_server, unused_tcp_port, vocab):
+    good = await aiohttp_server(create_simulator(vocab, MODEL))
+    dead = f"http://127.0.0.1:{unused_tcp_port}"
+    gateway = await _gateway(aiohttp_server, [dead, _url(good)], health_interval=0, retries=1, eject_after=1)
+    replicas = gateway.app[STATE].routes[MODEL].replicas.replicas
+    replicas[1].in_flight = 1  # the dead one is the first choice
+    status, _, _ = await _post(str(gateway.make_url("/v1/responses")), BODY)
+    replicas[1].in_flight = 0
+    assert status == 200
+    async with aiohttp.ClientSession() as session, session.get(str(gateway.make_url("/readyz"))) as reply:
+        ready = await reply.json()
+    assert reply.status == 200 and ready["status"] == "ready"
+    states = ready["upstreams"]["sim"]
+    assert states[dead]["state"] == "ejected" and states[dead]["ejected_for_s"] > 0
+    assert states[_url(good)] == {"state": "healthy", "consecutive_failures": 0}

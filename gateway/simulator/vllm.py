@@ -5,7 +5,10 @@ reply with ASCII, an emoji split across tokens and CJK); the logprobs are synthe
 deterministic (see `synthetic.py`). What is reproduced faithfully is everything a client sees:
 field sets, chunking, the EOS token in token ids and logprobs, per-token lossy strings ("\ufffd",
 ""), sampled-first top lists, `token_id:N` placeholders and their `bytes` quirk, completions'
-colliding dict keys and code-point text offsets, errors and their bodies. It exists for the
+colliding dict keys and code-point text offsets, errors and their bodies (the context-length 400s in
+vLLM's wording, vllm/renderers/params.py; and what the engine refuses when it takes a request, the
+logprob caps and `logit_bias` ids outside the vocabulary, vllm/v1/engine/input_processor.py: a 400
+for a whole request, HTTP 200 and an in-band error frame for a streamed one). It exists for the
 gateway's tests, demo and benchmarks; nothing here is vLLM code.
 
     python -m gateway.simulator.vllm --demo-tokenizer --model sim-model --port 8001

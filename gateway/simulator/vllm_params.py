@@ -164,6 +164,10 @@ def _logit_bias_ids(body: Mapping[str, Any]) -> tuple[int, ...]:
 
 
 def _resolve_max_tokens(requested: int | None, prompt_len: int, limits: ServerLimits, param: str) -> int:
+    # vLLM's context-length refusals: the prompt alone (vllm/entrypoints/openai/serving_engine.py
+    # `_validate_input`, "However, your request has T input tokens. Please reduce the length of the
+    # input messages."), and prompt + max_tokens (vllm/renderers/params.py from v0.18, "However, you
+    # requested M output tokens and your prompt contains T input tokens, for a total of ...").
     room = limits.max_model_len - prompt_len
     if room <= 0:
         raise RequestError(
