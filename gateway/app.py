@@ -391,6 +391,10 @@ async def _open_upstream(request: web.Request, state: GatewayState, exchange: _E
             if response.status < 400 and exchange.stream:
                 deadline = asyncio.get_running_loop().time() - (time.monotonic() - waiting_since) + timeouts.first_token
                 batches = await _first_events(exchange, replica, response, deadline)
+    except aiohttp.ConnectionTimeoutError:  # (a TimeoutError too) the gateway's own connect budget
+        raise _Retryable(upstream_timeout(f"upstream {name!r} did not accept a connection within "
+                                          f"{timeouts.connect:g}s"), "connect_timeout", started=waiting_since,
+                         budget=timeouts.connect) from None
     except TimeoutError:
         raise _Retryable(upstream_timeout(f"upstream {name!r} did not answer within {timeouts.first_token:g}s"),
                          "timeout", started=waiting_since, budget=timeouts.first_token) from None
