@@ -381,15 +381,15 @@ async def _open_upstream(request: web.Request, state: GatewayState, exchange: _E
     timeout = aiohttp.ClientTimeout(total=timeouts.total, connect=timeouts.connect, sock_read=timeouts.idle)
     started = time.perf_counter()
     waiting_since = time.monotonic()
+    deadline = asyncio.get_running_loop().time() + timeouts.first_token  # for headers and first events
     name = route.upstream_name
     batches: Batches | None = None
     try:
-        async with asyncio.timeout(timeouts.first_token):
+        async with asyncio.timeout_at(deadline):
             headers = _upstream_headers(request, route, state.config)
             response = await state.session.post(replica.url + call.path, data=orjson.dumps(call.body),
                                                 timeout=timeout, headers=headers)
             if response.status < 400 and exchange.stream:
-                deadline = asyncio.get_running_loop().time() - (time.monotonic() - waiting_since) + timeouts.first_token
                 batches = await _first_events(exchange, replica, response, deadline)
     except aiohttp.ConnectionTimeoutError:  # (a TimeoutError too) the gateway's own connect budget
         raise _Retryable(upstream_timeout(f"upstream {name!r} did not accept a connection within "
