@@ -254,6 +254,36 @@ async def test_reasoning_then_a_tool_call(aiohttp_server, vocab, stream):
     assert [m["role"] for m in _last_upstream_body(stack)["messages"]] == ["user", "assistant", "tool"]
 
 
+async def test_a_function_call_output_must_answer_an_earlier_function_call(aiohttp_server, vocab):
+    """As OpenAI: an output whose call_id no earlier call (in `input` or the previous_response_id chain)
+    has is a 400 naming the item, before anything reaches the upstream."""
+    stack = await start_stack(aiohttp_server, vocab, replies=REPLIES)
+    first = await stack.client.responses.create(model=stack.model, input=QUESTION, tools=[WEATHER_TOOL])
+    [call] = first.output
+    orphan = {"type": "function_call_output", "call_id": "call_nobody_made", "output": TOOL_RESULT}
+    answer = {"type": "function_call_output", "call_id": call.call_id, "output": TOOL_RESULT}
+    sent_before = len(stack.stats.recent)
+    refused = [
+        ({"input": [{"role": "user", "content": QUESTION}, orphan]}, "input[1].call_id", "call_nobody_made"),
+        # the output before its call does not answer it
+        ({"input": [answer, *[item.model_dump(exclude_none=True) for item in first.output]]}, "input[0].call_id",
+         call.call_id),
+        # a chain whose stored output holds a different call
+        ({"previous_response_id": first.id, "input": [answer, orphan]}, "input[1].call_id", "call_nobody_made"),
+    ]
+    for params, param, call_id in refused:
+        with pytest.raises(BadRequestError) as caught:
+            await stack.client.responses.create(model=stack.model, tools=[WEATHER_TOOL], **params)
+        error = caught.value.body
+        assert error["param"] == param and error["type"] == "invalid_request_error"
+        assert error["message"] == f"No tool call found for function call output with call_id {call_id}."
+    assert len(stack.stats.recent) == sent_before
+    # The call in the previous response's output is what the output answers.
+    second = await stack.client.responses.create(model=stack.model, previous_response_id=first.id, input=[answer],
+                                                 tools=[WEATHER_TOOL])
+    assert second.output_text == ANSWER
+
+
 # --- the chat front door --------------------------------------------------------------------------
 
 

@@ -65,6 +65,7 @@ def generation_from_responses(body: dict[str, Any], history: Sequence[dict[str, 
         messages = responses_to_messages(body)
     except RequestTranslationError as exc:
         raise bad_request(str(exc), exc.param) from None
+    _check_call_ids(given, history)
     if history:
         messages = _after_history(body, history)
     return Generation(
@@ -144,6 +145,22 @@ def _echo_reasoning(reasoning: dict[str, Any] | None) -> dict[str, Any] | None:
     effort = reasoning.get("effort")
     summary = reasoning.get("summary") or reasoning.get("generate_summary")
     return {"effort": _EFFORT_ECHO.get(effort, effort), "summary": summary}
+
+
+def _check_call_ids(given: Any, history: Sequence[dict[str, Any]]) -> None:
+    """Every `function_call_output` answers a `function_call` before it: in the replayed history or
+    earlier in `input`. OpenAI refuses an orphan output (400, this message); a chat upstream would
+    take a `role: "tool"` message for a call it never made, or fail on it in its template."""
+    if isinstance(given, str):
+        return
+    calls = {item.get("call_id") for item in history if item.get("type") == "function_call"}
+    for index, item in enumerate(given or []):
+        kind = item.get("type")
+        if kind == "function_call":
+            calls.add(item.get("call_id"))
+        elif kind == "function_call_output" and item.get("call_id") not in calls:
+            raise GatewayError(400, f"No tool call found for function call output with call_id {item.get('call_id')}.",
+                               param=f"input[{index}].call_id", code="invalid_value")
 
 
 def _after_history(body: dict[str, Any], history: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
