@@ -21,6 +21,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from gateway.compact_route import add_compact_route
+from gateway.compaction import add_sealer
 from gateway.config import Config
 from gateway.errors import GatewayError, bad_request, upstream_error, upstream_timeout
 from gateway.logprobs.align import AlignmentError
@@ -788,6 +790,9 @@ def create_app(config: Config) -> web.Application:
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_get("/v1/models", list_models)
+    add_sealer(app, config)
+    add_compact_route(app, _read_json, lambda request, door, gen, front: _serve(
+        request, door, gen, front, RESPONSES_FRAMING, "top_logprobs"))
     # Callers are told apart by key where keys mean something: checked here, or by the upstream.
     add_stored_routes(app, config, per_key=bool(api_keys) or config.auth.forward_client_key)
     app.router.add_get("/healthz", healthz)

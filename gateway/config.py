@@ -137,11 +137,36 @@ class Store(_Strict):
         return url
 
 
+DEFAULT_COMPACTION_PROMPT = (
+    "Write a summary of the conversation above for yourself, to continue it later without the full "
+    "text. Keep every fact, decision, name, number, file, code word, open question and pending task, "
+    "and what the user asked for last. Leave out pleasantries. Answer with the summary only."
+)
+DEFAULT_SUMMARY_PREFIX = "Summary of the earlier conversation (written when it was compacted):\n\n"
+
+
+class Compaction(_Strict):
+    """POST /v1/responses/compact: the route's own model summarises the conversation.
+
+    `prompt` is sent as the last user message after the conversation; the summary comes back
+    encrypted and authenticated (AES-256-GCM) in a `compaction` item, which a later request expands
+    to one user message: `summary_prefix` + the summary. `key_env` names an environment variable
+    holding the key (32 bytes, base64); without it each process makes its own at start, so items
+    made by one process (or before a restart) are refused by another: set it for replicas.
+    """
+
+    prompt: str = Field(default=DEFAULT_COMPACTION_PROMPT, min_length=1)
+    summary_prefix: str = DEFAULT_SUMMARY_PREFIX
+    max_output_tokens: int = Field(default=2048, gt=0)
+    key_env: str | None = None
+
+
 class Config(_Strict):
     listen: Listen = Listen()
     upstreams: dict[str, Upstream]
     models: dict[str, Model]
     store: Store = Store()
+    compaction: Compaction = Compaction()
     auth: Auth = Auth()
     limits: Limits = Limits()
     shutdown: Shutdown = Shutdown()

@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.background import ACTIVE_STATUSES, BackgroundRun, BackgroundRuns, sse_frames
+from gateway.compaction import SEALER_KEY, expand_compactions
 from gateway.config import Config
 from gateway.errors import GatewayError, bad_request
 from gateway.middleware import bearer_token, json_response
@@ -67,7 +68,7 @@ def _store_errors() -> Iterator[None]:
 # --- creating a response: replay before, save after -----------------------------------------------
 
 
-class _RecordingFront:
+class RecordingFront:
     """A Responses translator that remembers the final Response it produced (pure; no I/O).
 
     Everything but `finish`/`final` is the inner translator's own, so the wrapper follows the
@@ -98,8 +99,9 @@ class Turn:
     store: ScopedStore | None
     previous_response_id: str | None
     given_input: Any  # the request's `input`, made into stored items only once validated and answered
-    history: list[Item] = field(default_factory=list)
-    front: _RecordingFront | None = None
+    history: list[Item] = field(default_factory=list)  # what the model sees (compaction items expanded)
+    replayed: list[Item] = field(default_factory=list)  # the same as stored (compaction items as they came)
+    front: RecordingFront | None = None
 
     @property
     def stored(self) -> bool:
@@ -109,7 +111,7 @@ class Turn:
     def track(self, front: FrontTranslator) -> FrontTranslator:
         if self.store is None:
             return front
-        self.front = _RecordingFront(front)
+        self.front = RecordingFront(front)
         return self.front  # type: ignore[return-value]  # a FrontTranslator by delegation
 
     async def save(self, response: dict[str, Any] | None = None, events: bytes | None = None) -> None:
@@ -124,22 +126,33 @@ class Turn:
                 return
         continued = response.get("status") in STORED_STATUSES
         try:
-            await self.store.save(response, [*self.history, *stored_input_items(self.given_input)] if continued else [],
-                                  events)
+            items = [*self.replayed, *stored_input_items(self.given_input)] if continued else []
+            await self.store.save(response, items, events)
         except Exception:
             log.exception("could not store response %s", response.get("id"))
 
 
-async def begin_turn(request: web.Request, body: dict[str, Any]) -> Turn:
+async def begin_turn(request: web.Request, body: dict[str, Any], *, expand: bool = True) -> Turn:
     """Fetch what `previous_response_id` replays (400 `previous_response_not_found` when it is gone,
-    or when it belongs to another API key)."""
+    or when it belongs to another API key), and expand compaction items (`expand_turn_compactions`)."""
     store = _store(request)
     wanted = body.get("store") is not False  # OpenAI's default is true
     previous_id = body.get("previous_response_id")
     turn = Turn(store if wanted else None, previous_id if isinstance(previous_id, str) else None, body.get("input"))
     if turn.previous_response_id is not None:
-        turn.history = await _replay(store, turn.previous_response_id)
+        turn.history = turn.replayed = await _replay(store, turn.previous_response_id)
+    if expand:
+        expand_turn_compactions(request, body, turn)
     return turn
+
+
+def expand_turn_compactions(request: web.Request, body: dict[str, Any], turn: Turn) -> None:
+    """What the model sees: each `compaction` item, in the body's `input` (replaced in `body`, while
+    the turn keeps the input as given, to store) and in the replayed history, as its message."""
+    sealer, caller = request.app.get(SEALER_KEY), caller_of(request)
+    if isinstance(body.get("input"), list):
+        body["input"] = expand_compactions(sealer, caller, body["input"], "input")
+    turn.history = expand_compactions(sealer, caller, turn.history, "previous_response_id")
 
 
 async def _replay(store: ScopedStore | None, response_id: str) -> list[Item]:
@@ -165,8 +178,13 @@ def _store(request: web.Request) -> ScopedStore | None:
     holder = request.app[STORE_KEY]
     if holder.store is None:
         return None
-    key = bearer_token(request) if holder.per_key else ""
-    return ScopedStore(holder.store, caller_tag(key) if key else None)
+    return ScopedStore(holder.store, caller_of(request) or None)
+
+
+def caller_of(request: web.Request) -> str:
+    """Who is asking, where API keys tell callers apart: a hash of the key; "" for the one shared caller."""
+    key = bearer_token(request) if request.app[STORE_KEY].per_key else ""
+    return caller_tag(key) if key else ""
 
 
 def _include(request: web.Request) -> list[str]:

@@ -38,6 +38,7 @@ async def start_stack(aiohttp_server, vocab, *, api: str = "chat", model: str = 
                       upstream_url: str | None = None, upstream_options: dict[str, Any] | None = None,
                       chat_template: str | None = None, store: dict[str, Any] | None = None,
                       dialect: str = "vllm", auth: dict[str, Any] | None = None, api_key: str = "test-key",
+                      compaction: dict[str, Any] | None = None,
                       limits: dict[str, Any] | None = None, **simulator_options: Any) -> Stack:
     """A simulator of `dialect` (vllm, tgi, sglang, llamacpp, openai) and the gateway in front of it."""
     module = importlib.import_module(f"gateway.simulator.{dialect}")
@@ -54,7 +55,8 @@ async def start_stack(aiohttp_server, vocab, *, api: str = "chat", model: str = 
     config = parse_config({"upstreams": {"sim": upstream},
                            "models": {model: model_config},
                            "store": store or {"backend": "memory"},
-                           **({"auth": auth} if auth else {}), **({"limits": limits} if limits else {})},
+                           **({"auth": auth} if auth else {}), **({"limits": limits} if limits else {}),
+                           **({"compaction": compaction} if compaction else {})},
                           base_dir=Path("."))
     gateway = await aiohttp_server(create_app(config))
     client = AsyncOpenAI(base_url=str(gateway.make_url("/v1")), api_key=api_key,

@@ -48,9 +48,7 @@ KNOWN_FAILING = {
     "websocket-reconnect-store-false-recovery": "issue 21: no WebSocket mode on /v1/responses",
     "websocket-previous-response-not-found": "issue 21: no WebSocket mode on /v1/responses",
     "websocket-failed-continuation-evicts-cache": "issue 21: no WebSocket mode on /v1/responses",
-    "websocket-compact-new-chain": "issue 21: no WebSocket mode, no /v1/responses/compact",
-    "compact-response": "issue 21: no /v1/responses/compact (405)",
-    "compact-missing-model": "issue 21: no /v1/responses/compact (405, not 400)",
+    "websocket-compact-new-chain": "issue 21: no WebSocket mode",
 }
 SUITE_SECONDS = 300  # the suite's own per-turn WebSocket timeout is 30 s; this only guards against a hang
 

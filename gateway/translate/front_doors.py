@@ -36,7 +36,7 @@ COMPLETIONS_FIELDS = frozenset({
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for legacy completions
 
 
-def _validate(model: type[BaseModel], body: dict[str, Any]) -> None:
+def validate_body(model: type[BaseModel], body: dict[str, Any]) -> None:
     try:
         model.model_validate(body)
     except ValidationError as exc:
@@ -57,7 +57,7 @@ def _one_choice(body: dict[str, Any]) -> None:
 
 def generation_from_responses(body: dict[str, Any], history: Sequence[dict[str, Any]] = ()) -> Generation:
     """`history`: the items `previous_response_id` replays (its input items, then its output)."""
-    _validate(CreateResponseRequest, body)
+    validate_body(CreateResponseRequest, body)
     given = body.get("input")
     if given is None or given == "" or given == []:
         raise bad_request("Input must not be empty.", "input", "empty_input")
@@ -179,7 +179,7 @@ def _after_history(body: dict[str, Any], history: Sequence[dict[str, Any]]) -> l
 
 
 def generation_from_chat(body: dict[str, Any]) -> Generation:
-    _validate(ChatCompletionRequest, body)
+    validate_body(ChatCompletionRequest, body)
     _one_choice(body)
     if body.get("top_logprobs") and not body.get("logprobs"):
         raise bad_request("top_logprobs requires logprobs to be true.", "top_logprobs", "invalid_value")
@@ -196,7 +196,7 @@ def generation_from_chat(body: dict[str, Any]) -> Generation:
 
 
 def generation_from_completions(body: dict[str, Any]) -> Generation:
-    _validate(CompletionRequest, body)
+    validate_body(CompletionRequest, body)
     _one_choice(body)
     prompt = body["prompt"]
     if isinstance(prompt, list):
