@@ -12,8 +12,8 @@ Deliberate departures from OpenAI:
   below 16, but people scoring with vLLM ask for 4 tokens.
 - Only what a Chat/Completions upstream can serve is accepted: message, ``function_call`` and
   ``function_call_output`` input items (and ``reasoning`` items we returned, which are dropped);
-  text and image parts; function tools. Other item, part and tool types fail with
-  ``invalid_value`` naming the supported ones.
+  text, image and file parts (only text files reach the model); function tools. Other item, part
+  and tool types fail with ``invalid_value`` naming the supported ones.
 - ``reasoning.effort`` and ``service_tier`` accept the SDK's values, which are more than the
   spec lets a response echo (see ``schemas.responses``).
 """
@@ -69,7 +69,18 @@ class InputImage(ContractModel):
     detail: Literal["low", "high", "auto", "original"] = "auto"
 
 
-UserContentPart = tagged_union("type", {"input_text": InputText, "input_image": InputImage})
+class InputFile(ContractModel):
+    """A file inline as ``file_data`` (base64, or a base64 ``data:`` URL); only text files reach the model
+    (gateway/translate/input_files.py). ``file_id`` and ``file_url`` parse, and are refused there."""
+
+    type: Literal["input_file"] = "input_file"
+    file_data: str | None = None
+    filename: str | None = None
+    file_id: str | None = None
+    file_url: str | None = None
+
+
+UserContentPart = tagged_union("type", {"input_text": InputText, "input_image": InputImage, "input_file": InputFile})
 # Prior assistant output sent back as history: the very parts we emitted.
 AssistantContentPart = tagged_union("type", {"output_text": OutputText, "refusal": OutputRefusal})
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.translate.input_files import InputFileError, input_file_text
+
 # Responses fields the gateway itself consumes; everything else a client sends is a vendor
 # extension (ignore_eos, top_k, repetition_penalty, ...) and is forwarded as is.
 RESPONSES_FIELDS = frozenset({
@@ -40,6 +42,11 @@ def _content_text(content: Any, param: str) -> str | list[dict[str, Any]]:
                 raise RequestTranslationError("input_image needs image_url (file_id is not supported)",
                                               f"{param}[{index}].image_url")
             parts.append({"type": "image_url", "image_url": {"url": url, "detail": part.get("detail", "auto")}})
+        elif kind == "input_file":
+            try:
+                parts.append({"type": "text", "text": input_file_text(part, f"{param}[{index}]")})
+            except InputFileError as exc:
+                raise RequestTranslationError(str(exc), exc.param) from None
         else:
             raise RequestTranslationError(f"content part type {kind!r} is not supported", f"{param}[{index}].type")
     if all(p["type"] == "text" for p in parts):
