@@ -787,6 +787,9 @@ def create_app(config: Config) -> web.Application:
     app = web.Application(middlewares=middlewares, client_max_size=config.limits.max_body_bytes)
     app[STATE] = state
     app.router.add_post("/v1/responses", create_response)
+    from gateway.websocket import add_websocket_route  # it builds on this module's serving loop
+
+    add_websocket_route(app)  # GET /v1/responses: WebSocket mode
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_get("/v1/models", list_models)

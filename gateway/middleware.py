@@ -28,7 +28,7 @@ _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
-def _access_line(entry: dict[str, Any]) -> str:
+def access_line(entry: dict[str, Any]) -> str:
     try:
         return orjson.dumps(entry).decode()
     except TypeError:  # a logged request body with what orjson refuses (an integer beyond 64 bits)
@@ -76,7 +76,7 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
         if log.isEnabledFor(logging.INFO):
             entry = {"request_id": request_id, "method": request.method, "path": request.path, "status": status,
                      "duration_ms": round((time.perf_counter() - started) * 1000, 2), **request["log"]}
-            log.info(_access_line(entry))
+            log.info(access_line(entry))
 
 
 def error_middleware_factory() -> Callable:
