@@ -40,10 +40,10 @@ Save = Callable[[dict[str, Any], bytes | None], Awaitable[None]]
 
 class EventLog:
     """A background response's events in sequence order (event i has `sequence_number` i), kept as the
-    JSON the stream loop made, and the stream loop's sink. Followers wake on each append."""
+    SSE frames a follower is sent, and the stream loop's sink. Followers wake on each append."""
 
     def __init__(self, save: Save) -> None:
-        self.events: list[bytes] = []
+        self.events: list[bytes] = []  # one SSE frame per event: `event: <type>\ndata: <json>\n\n`
         self.begun = False
         self.ending = False  # the terminal events exist; the save before they are published is under way
         self.done = False
@@ -51,31 +51,32 @@ class EventLog:
         self._save = save
         self._wake = asyncio.Event()
 
-    def _publish(self, jsons: list[bytes]) -> None:
-        self.events += jsons
+    def _publish(self, frames: list[bytes]) -> None:
+        self.events += frames
         wake, self._wake = self._wake, asyncio.Event()
         wake.set()
 
     def blob(self, more: list[bytes] = ()) -> bytes:  # type: ignore[assignment]
-        return b"[" + b",".join([*self.events, *more]) + b"]"
+        """The events as one JSON array (for the store)."""
+        return b"[" + b",".join([_json(frame) for frame in (*self.events, *more)]) + b"]"
 
     # --- the sink ---------------------------------------------------------------------------------
 
     async def begin(self, items: list[dict[str, Any]]) -> None:
         self.begun = True
-        self._publish([orjson.dumps(item) for item in items])
+        self._publish(_frames(items))
 
     async def send(self, items: list[dict[str, Any]]) -> None:
-        self._publish([orjson.dumps(item) for item in items])
+        self._publish(_frames(items))
 
     async def end(self, items: list[dict[str, Any]], failed: bool) -> None:
         self.ending = True
-        jsons = [orjson.dumps(item) for item in items]
+        frames = _frames(items)
         if items and items[-1].get("type") in TERMINAL_EVENTS:
-            final = orjson.loads(jsons[-1])["response"]  # what followers will read, not the live dicts
-            await self._save(final, self.blob(jsons))
+            final = orjson.loads(_json(frames[-1]))["response"]  # what followers will read, not the live dicts
+            await self._save(final, self.blob(frames))
             self.final = final
-        self._publish(jsons)
+        self._publish(frames)
         self.close()
 
     def close(self) -> None:
@@ -91,7 +92,7 @@ class EventLog:
             if index < len(self.events):
                 batch = self.events[index:]
                 index += len(batch)
-                yield sse_frames([orjson.loads(event) for event in batch])
+                yield b"".join(batch)
                 continue
             if self.done:
                 return
@@ -100,6 +101,15 @@ class EventLog:
 
 def sse_frames(events: list[dict[str, Any]]) -> bytes:
     return encode_events(events)
+
+
+def _frames(items: list[dict[str, Any]]) -> list[bytes]:
+    return [encode_events((item,)) for item in items]
+
+
+def _json(frame: bytes) -> bytes:
+    """An SSE frame's data: the event's JSON."""
+    return frame[frame.index(b"\ndata: ") + 7:-2]
 
 
 @dataclass(slots=True)

@@ -174,7 +174,7 @@ class ResponsesStream:
 
     def snapshot(self, status: str) -> dict[str, Any]:
         """The Response as it stands, under `status` (a background response's `queued` or `cancelled`)."""
-        return self._snapshot(status, output=self._output("in_progress"))
+        return self._snapshot(status, output=self._output("in_progress" if status == "in_progress" else "incomplete"))
 
     def start(self) -> list[dict[str, Any]]:
         snapshot = self._snapshot("in_progress")
