@@ -4,10 +4,13 @@ spec's messages, continuation from the per-connection cache, eviction, limits, a
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.logprobs.demo_vocab import build_demo_vocab
 from tests.e2e import Stack, start_stack
@@ -202,3 +205,25 @@ async def test_auth_and_plain_get(aiohttp_server, vocab, monkeypatch):
             assert plain.status == 405
         async with session.ws_connect(_ws_url(stack), headers={"Authorization": "Bearer key-a"}) as ws:
             assert (await _turn(ws, _create(stack, "hello")))[-1]["type"] == "response.completed"
+
+
+async def test_each_turn_is_an_access_line_and_a_metrics_sample(aiohttp_server, vocab, caplog):
+    stack = await start_stack(aiohttp_server, vocab, replies=REPLIES)
+    with caplog.at_level(logging.INFO, logger="responses_gateway.access"):
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(_ws_url(stack), headers={"X-Request-Id": "conn-1"}) as ws:
+                await _turn(ws, _create(stack, "hello"))
+                await _turn(ws, _create(stack, "hello", previous_response_id="resp_gone"))
+            async with session.get(stack.url("/metrics")) as scrape:
+                metrics = await scrape.text()
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "responses_gateway.access"]
+    turns = [line for line in lines if line["method"] == "WS"]
+    assert [(t["request_id"], t["status"]) for t in turns] == [("conn-1.1", 200), ("conn-1.2", 400)]
+    assert turns[0]["model"] == stack.model and turns[0]["output_tokens"] > 0
+    assert turns[1]["error_code"] == "previous_response_not_found"
+    [connection] = [line for line in lines if line["method"] == "GET" and line["path"] == "/v1/responses"]
+    assert connection["request_id"] == "conn-1" and connection["turns"] == 2
+    samples = {tuple(sorted(s.labels.items())): s.value for family in text_string_to_metric_families(metrics)
+               if family.name == "gateway_requests" for s in family.samples if s.name == "gateway_requests_total"}
+    assert samples[(("model", stack.model), ("route", "responses"), ("status", "200"), ("stream", "true"),
+                    ("upstream", "sim"))] == 1.0
