@@ -14,7 +14,8 @@ A continuation that fails (an error message or `response.failed`) evicts the id 
 
 Failures are `{"type": "error", "status": ..., "error": {...}}` messages (the spec's
 WebSocketErrorEvent); the connection stays open. After `limits.websocket_seconds` the connection
-ends with `websocket_connection_limit_reached` (a running turn finishes first). Auth, draining and
+ends with `websocket_connection_limit_reached` (a running turn finishes first); while the gateway
+drains, a new `response.create` gets `shutting_down` and the connection closes. Auth, draining and
 the body size limit apply to the upgrade and messages as to HTTP; each turn has its own request id
 (`<connection id>.<n>`), metrics and access-log line; the client closing the socket cancels the
 running turn, which drops its upstream request.
@@ -189,6 +190,11 @@ async def responses_websocket(request: web.Request) -> web.StreamResponse:
                 break
             if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                 continue
+            if request.app[STATE].draining:  # as the draining middleware answers HTTP: retry elsewhere
+                going = GatewayError(503, "The gateway is shutting down; retry on another instance.",
+                                     type_="server_error", code="shutting_down")
+                await ws.send_frame(orjson.dumps(error_message(going)), WSMsgType.TEXT)
+                break
             if running is not None and not running.done():
                 busy = GatewayError(409, "A response is already in progress on this connection; send the next "
                                          "response.create after its terminal event.", code="response_in_progress")

@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.app import STATE
 from gateway.logprobs.demo_vocab import build_demo_vocab
 from tests.e2e import Stack, start_stack
 from tests.openresponses import load_spec
@@ -227,3 +228,14 @@ async def test_each_turn_is_an_access_line_and_a_metrics_sample(aiohttp_server, 
                if family.name == "gateway_requests" for s in family.samples if s.name == "gateway_requests_total"}
     assert samples[(("model", stack.model), ("route", "responses"), ("status", "200"), ("stream", "true"),
                     ("upstream", "sim"))] == 1.0
+
+
+async def test_a_draining_gateway_refuses_new_turns_on_open_sockets(aiohttp_server, vocab):
+    stack = await start_stack(aiohttp_server, vocab, replies=REPLIES)
+    async with aiohttp.ClientSession() as session, session.ws_connect(_ws_url(stack)) as ws:
+        assert (await _turn(ws, _create(stack, "hello")))[-1]["type"] == "response.completed"
+        stack.gateway.app[STATE].draining = True
+        [going] = await _turn(ws, _create(stack, "hello"))
+        assert going["status"] == 503 and going["error"]["code"] == "shutting_down"
+        assert (await ws.receive(timeout=30)).type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+    assert stack.stats.started == 1
