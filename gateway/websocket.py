@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 from aiohttp import WSMsgType, web
 
-from gateway.app import RESPONSES_FRAMING, STATE, serve_generation
+from gateway.app import RESPONSES_FRAMING, STATE, ClientGone, serve_generation
 from gateway.errors import GatewayError, bad_request
 from gateway.middleware import access_line
 from gateway.stored_routes import STORED_STATUSES, Turn, begin_turn
@@ -65,8 +65,11 @@ class _WebSocketSink:
 
     async def begin(self, items: list[dict[str, Any]]) -> None:
         send = self.ws.send_frame
-        for item in items:
-            await send(orjson.dumps(item), WSMsgType.TEXT)
+        try:
+            for item in items:
+                await send(orjson.dumps(item), WSMsgType.TEXT)
+        except ConnectionResetError:  # aiohttp's is a ClientError: the loop would blame the upstream
+            raise ClientGone("the client closed the WebSocket") from None
 
     send = begin
 
