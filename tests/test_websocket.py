@@ -183,6 +183,9 @@ async def test_closing_the_socket_cancels_the_upstream_request(aiohttp_server, v
             break
         await asyncio.sleep(0.02)
     assert stack.stats.outcomes["cancelled"] == 1 and stack.stats.outcomes["finished"] == 0
+    # The client left: not the upstream's fault, so its replica is not counted against.
+    [replica] = stack.gateway.app[STATE].routes[stack.model].replicas.state().values()
+    assert replica == {"state": "healthy", "consecutive_failures": 0}
 
 
 async def test_the_connection_time_limit(aiohttp_server, vocab):
