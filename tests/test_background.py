@@ -5,6 +5,8 @@ simulator sees its request dropped), bounded, per key, on every store backend.""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +183,39 @@ async def test_another_gateway_over_the_same_store_polls_and_replays_a_finished_
     assert (await second.client.responses.retrieve(created.id)).output_text == final.output_text
     events = await _events(await second.client.responses.retrieve(created.id, stream=True, starting_after=3))
     assert events[0].sequence_number == 4 and events[-1].response.output_text == final.output_text
+
+
+NODE_RETRIEVE_STREAM = """
+import OpenAI from "openai";
+const client = new OpenAI({ baseURL: process.env.GATEWAY_BASE_URL, apiKey: "test-key", maxRetries: 0 });
+const created = await client.responses.create({ model: process.env.GATEWAY_MODEL, input: "hi", background: true,
+                                                max_output_tokens: 40, ignore_eos: true });
+const resumed = [];
+for await (const event of await client.responses.retrieve(created.id, { stream: true, starting_after: 2 }))
+  resumed.push([event.type, event.sequence_number]);
+const final = await client.responses.retrieve(created.id);
+console.log(JSON.stringify({ created: created.status, resumed, final: final.status, text: final.output_text }));
+"""
+
+
+async def test_the_node_sdk_retrieves_a_background_response_as_a_stream(aiohttp_server, vocab):
+    """The OpenAI Node SDK's `responses.retrieve(id, {stream: true, starting_after})`, which issue 18 found
+    refused: it follows the live run from sequence number 3 to its terminal event."""
+    try:
+        from tests.real_clients import clients_dir  # the npm clients .ci/install-clients puts in the cache
+    except ImportError:
+        pytest.skip("tests/real_clients.py (with .ci/install-clients) is not in this tree")
+    folder = clients_dir()  # skips, naming .ci/install-clients, when the clients are not installed
+    stack = await start_stack(aiohttp_server, vocab, step_delay_ms=10)
+    node = await asyncio.create_subprocess_exec(
+        "node", "--input-type=module", "-e", NODE_RETRIEVE_STREAM, cwd=folder,
+        env={**os.environ, "GATEWAY_BASE_URL": stack.url("/v1"), "GATEWAY_MODEL": stack.model},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(node.communicate(), timeout=120)
+    assert node.returncode == 0, err.decode()
+    result = json.loads(out)
+    assert result["created"] == "queued" and result["final"] == "incomplete"  # its 40 tokens, as asked
+    sequence = [number for _, number in result["resumed"]]
+    assert sequence == list(range(3, 3 + len(sequence)))
+    assert result["resumed"][-1][0] == "response.incomplete" and result["text"]
+    assert stack.stats.started == 1
