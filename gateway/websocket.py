@@ -36,7 +36,7 @@ from aiohttp import WSMsgType, web
 from gateway.app import RESPONSES_FRAMING, STATE, ClientGone, serve_generation
 from gateway.errors import GatewayError, bad_request
 from gateway.middleware import access_line
-from gateway.stored_routes import STORED_STATUSES, Turn, begin_turn
+from gateway.stored_routes import STORED_STATUSES, Turn, begin_turn, expand_turn_compactions
 from gateway.translate.front_doors import generation_from_responses, responses_settings
 from gateway.translate.fronts import ResponsesFront
 from gateway.translate.input_items import Item, replayed_items, stored_input_items
@@ -121,7 +121,7 @@ class _Connection:
                 if previous is not None:
                     self.cache.pop(previous, None)
             elif final.get("status") in STORED_STATUSES:
-                history = [*turn.history, *stored_input_items(turn.given_input)]
+                history = [*turn.replayed, *stored_input_items(turn.given_input)]  # as given, as stored
                 self.remember(final["id"], replayed_items(history, final.get("output") or []))
         except GatewayError as exc:
             status = exc.status
@@ -159,8 +159,10 @@ class _Connection:
         cached = self.cache.get(previous) if previous is not None else None
         if cached is None:
             return await begin_turn(self.request, body)  # the store, as over HTTP
-        turn = await begin_turn(self.request, {**body, "previous_response_id": None})
-        turn.previous_response_id, turn.history = previous, list(cached)
+        turn = await begin_turn(self.request, {**body, "previous_response_id": None}, expand=False)
+        turn.previous_response_id, turn.replayed = previous, list(cached)
+        turn.history = turn.replayed
+        expand_turn_compactions(self.request, body, turn)  # kept as given, expanded for the model as over HTTP
         return turn
 
 

@@ -41,15 +41,7 @@ SUITE_TESTS = [
     "tool-calling", "image-input", "multi-turn", "compact-response", "compact-missing-model",
 ]
 # What the gateway does not do yet (issue 21), and why each fails today.
-KNOWN_FAILING = {
-    "websocket-response": "issue 21: no WebSocket mode on /v1/responses",
-    "websocket-sequential-responses": "issue 21: no WebSocket mode on /v1/responses",
-    "websocket-continuation": "issue 21: no WebSocket mode on /v1/responses",
-    "websocket-reconnect-store-false-recovery": "issue 21: no WebSocket mode on /v1/responses",
-    "websocket-previous-response-not-found": "issue 21: no WebSocket mode on /v1/responses",
-    "websocket-failed-continuation-evicts-cache": "issue 21: no WebSocket mode on /v1/responses",
-    "websocket-compact-new-chain": "issue 21: no WebSocket mode",
-}
+KNOWN_FAILING: dict[str, str] = {}
 SUITE_SECONDS = 300  # the suite's own per-turn WebSocket timeout is 30 s; this only guards against a hang
 
 
