@@ -47,6 +47,8 @@ def _error(payload: dict) -> dict:
         ({"model": "demo-model", "input": "hi", "prompt_cache_retention": "1h"}, "prompt_cache_retention",
          "invalid_value"),
         ({"model": "demo-model", "input": "hi", "top_p": 1.5}, "top_p", "decimal_above_max_value"),
+        ({"model": "demo-model", "input": "hi", "conversation": "conv_1"}, "conversation", "unsupported_parameter"),
+        ({"model": "demo-model", "input": "hi", "prompt": {"id": "pmpt_1"}}, "prompt", "unsupported_parameter"),
         ({"model": "demo-model", "input": "hi", "max_tool_calls": 0}, "max_tool_calls", "integer_below_min_value"),
     ],
 )

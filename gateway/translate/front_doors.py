@@ -55,9 +55,19 @@ def _one_choice(body: dict[str, Any]) -> None:
         raise GatewayError(400, "Only n=1 is supported.", param="n", code="unsupported_parameter")
 
 
+# Fields OpenAI's Responses API defines that this gateway cannot honour (they name state kept at OpenAI).
+_UNSERVED_RESPONSES_FIELDS = {
+    "conversation": "conversations are not stored here; continue with previous_response_id.",
+    "prompt": "stored prompt templates live at OpenAI; send instructions and input instead.",
+}
+
+
 def generation_from_responses(body: dict[str, Any], history: Sequence[dict[str, Any]] = ()) -> Generation:
     """`history`: the items `previous_response_id` replays (its input items, then its output)."""
     validate_body(CreateResponseRequest, body)
+    for name, why in _UNSERVED_RESPONSES_FIELDS.items():
+        if body.get(name) is not None:  # OpenAI's field, not a vendor option: never silently ignored
+            raise GatewayError(400, f"`{name}` is not supported: {why}", param=name, code="unsupported_parameter")
     given = body.get("input")
     if given is None or given == "" or given == []:
         raise bad_request("Input must not be empty.", "input", "empty_input")
