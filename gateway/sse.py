@@ -157,6 +157,11 @@ def _events(lines: Iterable[bytes], buffer: list[bytes]) -> tuple[list[bytes], b
             continue
         if line.startswith(b"data:"):
             buffer.append(line[6:] if line.startswith(b"data: ") else line[5:])
+        elif line.startswith(b"error:"):
+            # llama.cpp (tools/server: `server_sent_event(sink, "error", ...)`) reports a failure inside
+            # a stream as an `error: {code, message, type}` line: handed on as the `{"error": ...}`
+            # object other servers put in a data frame.
+            payloads.append(b'{"error":' + line[6:].strip() + b"}")
         # `event:`, `id:`, `retry:` and comments carry nothing we need from a chat/completions server.
     return payloads, False
 

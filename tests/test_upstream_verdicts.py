@@ -276,3 +276,19 @@ async def test_vllms_in_band_refusal_of_a_stream_is_a_bad_request_after_one_upst
     assert replica.failures == 0
     ok = await client.responses.create(model=stack.model, input="hi", max_output_tokens=4)  # at once: served
     assert ok.status == "incomplete"
+
+
+async def test_llamacpps_error_line_in_a_stream_is_read_as_its_verdict(aiohttp_server, vocab):
+    stack = await start_stack(aiohttp_server, vocab, dialect="llamacpp")
+    async with aiohttp.ClientSession() as session, session.post(
+            stack.url("/v1/responses"), json={"model": stack.model, "input": "hi", "stream": True,
+                                               "x_sim_fault": "error_mid_stream", "x_sim_die_after": 3}) as reply:
+        text = await reply.text()
+    frames = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    if reply.status == 200:  # the error came after the stream began
+        assert frames[-1]["type"] == "response.failed"
+        assert "simulated failure (x-sim-fault: error_mid_stream)" in frames[-1]["response"]["error"]["message"]
+    else:  # or within the first events: a plain error, llama.cpp's 500 as the gateway's 502
+        assert reply.status == 502 and "simulated failure" in json.loads(text)["error"]["message"]
+    replica = stack.gateway.app[STATE].routes[stack.model].replicas.replicas[0]
+    assert replica.failures == 1  # a server error: the replica's fault
