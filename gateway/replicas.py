@@ -39,6 +39,7 @@ class Replica:
     ejections: int = 0  # consecutive ejections (the next one lasts longer); a success resets it
     last_failure_at: float = -math.inf
     ejected: bool = False  # set on ejection, cleared (and logged) when it returns
+    ejected_at: float = 0.0
 
     def healthy(self, now: float) -> bool:
         return now >= self.ejected_until and self.probe_ok is not False
@@ -116,7 +117,7 @@ class ReplicaSet:
         replica.ejections += 1
         seconds = min(outlier.cooldown * replica.ejections, outlier.max_cooldown)
         replica.ejected_until = now + seconds
-        replica.ejected = True
+        replica.ejected, replica.ejected_at = True, now
         self._log("replica_ejected", replica, reason=reason, consecutive_failures=replica.failures,
                   ejected_for_s=round(seconds, 3), ejections=replica.ejections)
         replica.failures = 0  # counted afresh once it returns
@@ -164,7 +165,7 @@ class ReplicaSet:
 
     def _returned(self, replica: Replica, how: str) -> None:
         replica.ejected = False
-        self._log("replica_returned", replica, how=how)
+        self._log("replica_returned", replica, how=how, out_for_s=round(self._clock() - replica.ejected_at, 3))
 
     def _retry_after(self, now: float) -> float:
         waits = [r.ejected_until - now for r in self.replicas if r.probe_ok is not False and now < r.ejected_until]

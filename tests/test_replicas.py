@@ -50,8 +50,11 @@ def test_ejection_time_grows_with_repeats_up_to_the_cap_and_a_success_resets_it(
     replicas.succeeded(replicas.replicas[0])
     _fail(replicas, 0, 1)
     assert replicas.replicas[0].ejected_until - clock.now == 10
-    events = [json.loads(r.message)["event"] for r in caplog.records]
+    lines = [json.loads(r.message) for r in caplog.records]
+    events = [line["event"] for line in lines]
     assert events.count("replica_ejected") == 5 and events.count("replica_returned") == 4
+    assert [line["out_for_s"] for line in lines if line["event"] == "replica_returned"] == [10, 20, 25, 25]
+    assert {line["how"] for line in lines if line["event"] == "replica_returned"} == {"ejection_expired"}
 
 
 def test_the_last_healthy_replica_is_never_ejected_by_traffic():

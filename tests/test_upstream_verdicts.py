@@ -292,3 +292,35 @@ async def test_llamacpps_error_line_in_a_stream_is_read_as_its_verdict(aiohttp_s
         assert reply.status == 502 and "simulated failure" in json.loads(text)["error"]["message"]
     replica = stack.gateway.app[STATE].routes[stack.model].replicas.replicas[0]
     assert replica.failures == 1  # a server error: the replica's fault
+
+
+async def test_an_error_object_in_a_200_answer_is_the_upstreams_verdict(aiohttp_server, vocab):
+    async def answer(request: web.Request, n: int) -> web.Response:
+        return web.json_response({"error": {"message": "token_id(s) [99999] in logit_bias contain out-of-vocab "
+                                                       "token ids. Vocabulary size: 1233", "type": "BadRequestError",
+                                            "param": "logit_bias", "code": 400}})
+
+    seen, wrap = _counted()
+    upstream = await aiohttp_server(wrap(answer))
+    gateway = await _gateway(aiohttp_server, [_base(upstream)])
+    status, payload, _ = await _post(str(gateway.make_url("/v1/chat/completions")),
+                                     {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 400 and payload["error"]["param"] == "logit_bias" and len(seen) == 1
+    assert gateway.app[STATE].routes["m"].replicas.replicas[0].failures == 0
+
+
+async def test_the_chat_front_door_ends_a_stream_with_the_upstreams_error_object(aiohttp_server, vocab):
+    seen, wrap = _counted()
+    go_on = asyncio.Event()
+    upstream = await aiohttp_server(wrap(_in_band(2, go_on=go_on)))
+    gateway = await _gateway(aiohttp_server, [_base(upstream)])
+    async with aiohttp.ClientSession() as session, session.post(
+            str(gateway.make_url("/v1/chat/completions")),
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}) as reply:
+        lines = [await reply.content.readline()]
+        go_on.set()
+        lines += (await reply.content.read()).splitlines()
+    frames = [json.loads(line[6:]) for line in lines if line.startswith(b"data: {")]
+    assert frames[-1]["error"]["type"] == "invalid_request_error"
+    assert "out-of-vocab" in frames[-1]["error"]["message"] and len(seen) == 1
+    assert b"data: [DONE]" not in b"".join(lines)  # a failed stream ends without [DONE], as OpenAI's do
