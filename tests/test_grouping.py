@@ -52,3 +52,27 @@ def test_lossy_stream_without_tokenizer_keeps_the_text_and_flags_the_split():
     [(text, tokens)] = grouper.feed(_tgi_chunk(" 根"), " 根")
     assert text == " 根" and b"".join(t.bytes for t in tokens) == " 根".encode()
     assert [t.origin for t in tokens] == [Origin.AMBIGUOUS, Origin.AMBIGUOUS]
+
+
+def _texts(grouper, tokens, finish="stop"):
+    groups = [g for t in tokens for g in grouper.feed([t])] + grouper.finish(finish)
+    return [(text, [t.bytes for t in toks]) for text, toks in groups]
+
+
+def test_invalid_bytes_come_out_as_u_fffd_and_the_next_characters_start_waits():
+    # The issue's stream: 稏, then e7 a8 never completed, then 疤 (e7 96 + a4). Decoding the whole
+    # pending buffer with replacement had turned 疤's first bytes into U+FFFD too: 稏��� for 稏�疤.
+    tokens = [Token(b"\xe7\xa8\x8f", -0.1), Token(b"\xe7\xa8", -0.2), Token(b"\xe7\x96", -0.3), Token(b"\xa4", -0.4)]
+    assert _texts(TextGrouper(), tokens) == [("稏", [b"\xe7\xa8\x8f"]), ("\ufffd", [b"\xe7\xa8"]),
+                                             ("疤", [b"\xe7\x96", b"\xa4"])]
+
+
+def test_a_token_holding_invalid_bytes_and_the_next_characters_start_waits_for_it():
+    # No token ends between the invalid e7 a8 and 疤's start: the group waits until 疤 completes.
+    tokens = [Token(b"\xe7", -0.1), Token(b"\xa8\xe7", -0.2), Token(b"\x96\xa4", -0.3)]
+    assert _texts(TextGrouper(), tokens) == [("\ufffd疤", [b"\xe7", b"\xa8\xe7", b"\x96\xa4"])]
+
+
+def test_a_cap_after_invalid_bytes_keeps_their_u_fffd_and_the_dangling_tail():
+    tokens = [Token(b"\xe7", -0.1), Token(b"\xa8\xe7", -0.2)]
+    assert _texts(TextGrouper(), tokens, "length") == [("\ufffd", [b"\xe7", b"\xa8\xe7"])]

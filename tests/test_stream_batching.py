@@ -259,27 +259,37 @@ def test_metric_children_are_the_labelled_series_and_appear_only_once_used():
     assert "gateway_logprob_collisions_resolved_total{" not in text  # never counted: no series
 
 
-def _strict(data):
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
+def _reference_final_prefix(data):
+    """What `_final_prefix` answers, by the definition: replace every invalid subpart, stop before an
+    unfinished last character (the only "unexpected end of data" error the decoder reports)."""
+    import codecs
+
+    cut = []
+
+    def handler(err):
         if err.reason == "unexpected end of data":
-            return None
-        return data.decode("utf-8", errors="replace")
+            cut.append(err.start)
+            return "", err.end
+        return "\ufffd", err.end
+
+    codecs.register_error("test-final-prefix", handler)
+    text = data.decode("utf-8", errors="test-final-prefix")
+    used = cut[0] if cut else len(data)
+    return text, used
 
 
-def test_grouping_decodes_like_the_strict_decoder_without_its_exceptions():
+def test_grouping_decodes_the_final_prefix_like_the_definition():
     import itertools
 
-    from gateway.translate.grouping import _decoded
+    from gateway.translate.grouping import _final_prefix
 
     for length in (1, 2):
         for values in itertools.product(range(256), repeat=length):
             data = bytes(values)
-            assert _decoded(data) == _strict(data), data
+            assert _final_prefix(data) == _reference_final_prefix(data), data
     edges = [0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xE1, 0xEC, 0xED,
              0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5, 0xFF]
     for length in (3, 4):
         for values in itertools.product(edges, repeat=length):
             data = bytes(values)
-            assert _decoded(data) == _decoded(bytearray(data)) == _strict(data), data
+            assert _final_prefix(data) == _final_prefix(bytearray(data)) == _reference_final_prefix(data), data

@@ -9,6 +9,7 @@ against the final text when the caller has it (see align.py).
 
 from __future__ import annotations
 
+import codecs
 import math
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -17,7 +18,7 @@ from itertools import compress
 from operator import attrgetter, not_
 from typing import Any
 
-from gateway.logprobs.align import Piece, align
+from gateway.logprobs.align import Alignment, Piece, align
 from gateway.logprobs.compiled import fastpath
 from gateway.logprobs.report import TranslationReport
 from gateway.logprobs.spellings import (
@@ -185,18 +186,23 @@ def _finish(entries: list[_Entry], text: str | None, options: ParseOptions, repo
         pieces.append(Piece(reading.string, reading.exact,
                             may_be_empty=trailing_empty or looks_like_special(reading.string),
                             may_drop_leading_space=i == visible[0] and options.leading_space_strippable))
-    if text.endswith(REPLACEMENT_CHAR) and _ends_unfinished(pieces):
-        # The server wrote the unfinished character a length cap left as U+FFFD; the tokens hold its
-        # real bytes, which stay dangling past the text (see below).
-        text = text.rstrip(REPLACEMENT_CHAR)
-    beyond, stop_string = _beyond_text(pieces, text.encode())
+    if text.endswith(REPLACEMENT_CHAR) and _ends_unfinished(pieces) and _flushed_tail(pieces, text):
+        # The server wrote the unfinished character a length cap left as U+FFFD (SGLang decodes the
+        # whole output once more); the tokens hold its real bytes, which stay dangling past the text
+        # (see below). A U+FFFD for invalid bytes before it is text, and stays.
+        text = text[:-1]
+    beyond, stop_string = _beyond_text(pieces, text)
     # Exact tokens past the text: a matched stop string the server cut from the text (set aside),
     # or bytes of a character a length cap left unfinished (kept: the text cannot hold them).
     past_text = set(visible[len(visible) - beyond:]) if beyond and stop_string else set()
     dangling = {i: entries[i].reading.exact for i in visible[len(visible) - beyond:]} if beyond else {}
     if beyond:
         visible, pieces = visible[: len(visible) - beyond], pieces[: len(pieces) - beyond]
-    alignment = align(pieces, text.encode(), options.vocab)
+    if pieces and all(p.exact is not None for p in pieces) and _spelled_by(pieces, text):
+        # Exact bytes that spell the text, invalid ones as the U+FFFD the server wrote: nothing to align.
+        alignment = Alignment([p.exact for p in pieces], frozenset())  # type: ignore[misc]
+    else:
+        alignment = align(pieces, text.encode(), options.vocab)
     spans = dict(zip(visible, alignment.spans, strict=True))
     if not stop_string:
         spans.update(dangling)
@@ -239,24 +245,47 @@ def _ends_unfinished(pieces: list[Piece]) -> bool:
     return False
 
 
-def _beyond_text(pieces: list[Piece], text: bytes) -> tuple[int, bool]:
+def _spelled_by(pieces: list[Piece], text: str) -> bool:
+    """The invariant for exact bytes: their replace-decoding is the text (U+FFFD where they are invalid)."""
+    joined = b"".join(p.exact for p in pieces)  # type: ignore[misc]
+    return joined == text.encode() or joined.decode("utf-8", errors="replace") == text
+
+
+# How many trailing tokens a stop string or an unfinished character can hold, at most.
+_MAX_BEYOND = 64
+
+
+def _flushed_tail(pieces: list[Piece], text: str) -> bool:
+    """`text`'s last U+FFFD is the one a final decode writes for the unfinished character the exact
+    pieces end with (one maximal subpart: one U+FFFD), not one of the text's own."""
+    joined = b"".join(p.exact for p in pieces)  # type: ignore[misc]
+    head, used = codecs.utf_8_decode(joined, "replace", False)
+    # The server may have held back whole characters with it (`Hi \xe6\xa0` -> "Hi\ufffd"), but
+    # never invalid bytes before it: those were written as U+FFFD already.
+    return used < len(joined) and head.startswith(text[:-1]) and REPLACEMENT_CHAR not in head[len(text) - 1:]
+
+
+def _beyond_text(pieces: list[Piece], text: str) -> tuple[int, bool]:
     """How many trailing exact pieces lie wholly past the end of `text`, and whether they spell
-    complete text (a stop string) rather than an unfinished character. (0, False): not that shape."""
+    complete text (a stop string) rather than an unfinished character. (0, False): not that shape.
+
+    The pieces before them spell the text as the invariant says (replace-decoded)."""
     if not pieces or any(p.exact is None for p in pieces):
         return 0, False
     joined = b"".join(p.exact for p in pieces)  # type: ignore[misc]
-    if joined == text or not joined.startswith(text):
+    if _spelled_by(pieces, text):
         return 0, False
-    total = 0
-    for count, piece in enumerate(pieces, start=1):
-        if total == len(text):
-            tail = joined[len(text):]
-            try:
-                tail.decode("utf-8")
-            except UnicodeDecodeError:
-                return len(pieces) - count + 1, False
-            return len(pieces) - count + 1, True
-        total += len(piece.exact)  # type: ignore[arg-type]
+    end = len(joined)
+    for beyond in range(1, min(len(pieces), _MAX_BEYOND) + 1):
+        end -= len(pieces[-beyond].exact)  # type: ignore[arg-type]
+        head = joined[:end]
+        if head != text.encode() and head.decode("utf-8", errors="replace") != text:
+            continue
+        try:
+            joined[end:].decode("utf-8")
+        except UnicodeDecodeError:
+            return beyond, False
+        return beyond, True
     return 0, False
 
 
@@ -478,7 +507,9 @@ def _spells(tokens: list[Token], text: str) -> bool:
     specials = list(map(_special_of, tokens))  # C-level passes: a body has hundreds of tokens
     if True in specials:
         tokens = list(compress(tokens, map(not_, specials)))
-    return b"".join(map(_bytes_of, tokens)) == text.encode()
+    joined = b"".join(map(_bytes_of, tokens))
+    # Invalid bytes (a character the next token never completed) are the U+FFFD the server wrote.
+    return joined == text.encode() or (REPLACEMENT_CHAR in text and joined.decode("utf-8", errors="replace") == text)
 
 
 # --- general readers ------------------------------------------------------------------------------

@@ -204,10 +204,18 @@ class SimulatorBase:
         cfg = self.settings
         return cfg.replies.get(key, cfg.default_reply) if key is not None else cfg.default_reply
 
+    def reply_ids(self, key: str | None) -> list[int]:
+        """The reply's token ids: its text encoded, or ids given as they are (`{"token_ids": [...]}`),
+        for what no text encodes to: a character a model started and never finished, say."""
+        reply = self.settings.replies.get(key) if key is not None else None
+        if isinstance(reply, Mapping) and "token_ids" in reply:
+            return [int(i) for i in reply["token_ids"]]
+        return self.encode(self.reply_text(key))
+
     def generate(self, reply_key: str | None, max_tokens: int, eos: int | None, *, ignore_eos: bool = False) -> Output:
         """The token ids the simulated model emits for this request."""
         return plan_output(
-            self.encode(self.reply_text(reply_key)),
+            self.reply_ids(reply_key),
             max_tokens,
             eos,
             ignore_eos=ignore_eos,

@@ -67,6 +67,22 @@ class IncrementalDetokenizer:
         return self._decoder.decode(b"", final=True)
 
 
+class HoldingDetokenizer:
+    """vLLM's detokenizer (v1 `FastIncrementalDetokenizer`, over `tokenizers`' `DecodeStream`): the
+    text of every token since the last emission is held while its decoding ends in U+FFFD, so a
+    token holding a whole character and the start of the next (Qwen2's b" \xf0\x9f\x91") shows
+    nothing until the character completes, the space included; a length cap there leaves both out of
+    the text. Invalid bytes before a later complete character come out as U+FFFD with it (one per
+    maximal invalid subpart, `String::from_utf8_lossy`). Same interface as IncrementalDetokenizer.
+    """
+
+    def __init__(self, vocab: Vocab) -> None:
+        self._decoder = OffsetDecoder(vocab, skip_special=True)
+
+    def feed(self, token_ids: Iterable[int]) -> str:
+        return "".join([self._decoder.feed(token_id) for token_id in token_ids])
+
+
 class OffsetDecoder:
     """TGI's `decode_token`: the text each generated token adds, decoded with prefix/read offsets.
 
@@ -77,16 +93,18 @@ class OffsetDecoder:
     the earlier tokens held (Qwen2's b" \\xf0\\x9f\\x91" + b"\\x8b" -> "", " 👋").
     """
 
-    def __init__(self, vocab: Vocab) -> None:
+    def __init__(self, vocab: Vocab, *, skip_special: bool = False) -> None:
         self._vocab = vocab
+        self._skip_special = skip_special
         self._ids: list[int] = []
         self._prefix = 0
         self._read = 0
 
     def feed(self, token_id: int) -> str:
         self._ids.append(token_id)
-        prefix_text = decode_ids(self._vocab, self._ids[self._prefix : self._read], skip_special=False)
-        new_text = decode_ids(self._vocab, self._ids[self._prefix :], skip_special=False)
+        skip = self._skip_special
+        prefix_text = decode_ids(self._vocab, self._ids[self._prefix : self._read], skip_special=skip)
+        new_text = decode_ids(self._vocab, self._ids[self._prefix :], skip_special=skip)
         if len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT):
             self._prefix, self._read = self._read, len(self._ids)
             return new_text[len(prefix_text) :]

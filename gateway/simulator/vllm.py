@@ -45,7 +45,7 @@ from gateway.simulator.base import (
     SimulatorBase,
     SSEWriter,
 )
-from gateway.simulator.detok import IncrementalDetokenizer, TokenStrings, decode_ids
+from gateway.simulator.detok import HoldingDetokenizer, TokenStrings, decode_ids
 from gateway.simulator.faults import FaultPlan
 from gateway.simulator.script import Output, plan_output
 from gateway.simulator.synthetic import Position
@@ -130,7 +130,8 @@ class VLLMSimulator(SimulatorBase):
 
     def _job(self, gen: GenRequest, plan: FaultPlan, prefix: str) -> _Job:
         eos = self.chat_eos if gen.endpoint == "chat" else self.completion_eos
-        script = scripted.read_script(self.settings.replies.get(gen.reply_key)) if gen.reply_key is not None else None
+        reply = self.settings.replies.get(gen.reply_key) if gen.reply_key is not None else None
+        script = None if isinstance(reply, dict) and "token_ids" in reply else scripted.read_script(reply)
         turn = None
         if script is None:
             output = self.generate(gen.reply_key, gen.max_tokens, eos, ignore_eos=gen.ignore_eos)
@@ -141,7 +142,7 @@ class VLLMSimulator(SimulatorBase):
             output = plan_output(ids, gen.max_tokens, eos, ignore_eos=gen.ignore_eos,
                                  filler=self.encode(self.settings.default_reply))
             if gen.endpoint == "chat":
-                turn = scripted.ScriptedTurn(layout, output.token_ids, lambda: IncrementalDetokenizer(self.vocab),
+                turn = scripted.ScriptedTurn(layout, output.token_ids, lambda: HoldingDetokenizer(self.vocab),
                                              self.settings.reasoning_field)
         digest = self.digest(gen.endpoint, gen.prompt_ids)
         steps = self.steps(len(output.token_ids), plan, digest, gen.stream_interval)
@@ -192,7 +193,7 @@ class VLLMSimulator(SimulatorBase):
 
     async def _engine_steps(self, request: web.Request, job: _Job) -> AsyncIterator[tuple[int, int, int, str]]:
         """(step number, start, end, text delta) per engine step, each after the step's delay."""
-        detok = IncrementalDetokenizer(self.vocab)
+        detok = HoldingDetokenizer(self.vocab)
         async for n, start, end in self.ticks(request, job.plan, job.steps):
             yield n, start, end, detok.feed(job.output.token_ids[start:end])
 

@@ -32,30 +32,37 @@ _utf_8_decode = codecs.utf_8_decode
 _SECOND_BYTE = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
 
 
-def _decoded(data: bytes | bytearray) -> str | None:
-    """`data.decode()`, or None where that fails with "unexpected end of data" (the last character
-    is unfinished: a later token completes it); truly invalid bytes become U+FFFD.
+def _final_prefix(data: bytes | bytearray) -> tuple[str, int]:
+    """(text, used): the replace-decoding of `data[:used]`, the longest prefix after which only an
+    unfinished character is left (a later token may complete it). Invalid bytes before that become
+    U+FFFD, one per maximal invalid subpart as vLLM's detokenizer (`String::from_utf8_lossy`) writes
+    them, so `data[:used].decode(errors="replace")` is the upstream's text for those bytes.
 
-    The same answers as catching the strict decoder's error, without raising one for every token
-    that ends inside a character (most of a CJK or emoji stream's): the incremental decoder stops
-    before an unfinished last character instead. It also stops before a few invalid endings (a
-    surrogate's first two bytes, say); those go to the strict decoder to judge.
+    The incremental decoder stops before an unfinished last character without raising; it also
+    stops before a few endings that can never complete (a surrogate's first two bytes, say): those
+    are final, and decoded with the rest.
     """
-    try:
-        text, used = _utf_8_decode(data, "strict", False)
-    except UnicodeDecodeError:
-        return data.decode("utf-8", errors="replace")
+    text, used = _utf_8_decode(data, "replace", False)
     if used == len(data):
-        return text
+        return text, used
     second = _SECOND_BYTE.get(data[used])
     if second is None or used + 1 == len(data) or second[0] <= data[used + 1] <= second[1]:
-        return None
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        if err.reason == "unexpected end of data":
-            return None
-    return data.decode("utf-8", errors="replace")
+        return text, used
+    return data.decode("utf-8", errors="replace"), len(data)
+
+
+def _clean_cut(pending: list[Token], data: bytes | bytearray, text: str, used: int) -> tuple[int, int, str] | None:
+    """(tokens, bytes, text) of the longest run of `pending` whose bytes end where one of `text`'s
+    characters (or U+FFFD) ends, within the final prefix `data[:used]`; None if no token ends there."""
+    boundary = len(data)
+    for count in range(len(pending) - 1, 0, -1):
+        boundary -= len(pending[count].bytes)
+        if boundary > used:
+            continue
+        head = data[:boundary].decode("utf-8", errors="replace")
+        if head + data[boundary:used].decode("utf-8", errors="replace") == text:
+            return count, boundary, head
+    return None
 
 
 class TextGrouper:
@@ -103,20 +110,39 @@ class TextGrouper:
             pending.append(token)
             if len(pending) == 1:
                 data = token.bytes  # nothing waiting: decode the token's own bytes, no copy
+                if data.isascii():
+                    groups.append((data.decode(), pending))
+                    self._emitted_chars += len(data)
+                    self._pending = []
+                    continue
             else:
                 self._pending_bytes += token.bytes
                 data = self._pending_bytes
-            text = data.decode() if data.isascii() else _decoded(data)
-            if text is None:
-                if len(pending) == 1:
-                    self._pending_bytes += data  # the character completes in a later token
+            text, used = _final_prefix(data)
+            if used == len(data):
+                groups.append((text, pending))
+                self._emitted_chars += len(text)
+                self._pending = []
+                if len(pending) > 1:
+                    self._pending_bytes = bytearray()
                 continue
-            groups.append((text, pending))
-            self._emitted_chars += len(text)
-            self._pending = []
-            if len(pending) > 1:
-                self._pending_bytes = bytearray()
+            if len(pending) == 1:
+                self._pending_bytes += data  # the character completes in a later token
+            if used:
+                # Bytes that no later token can make valid (U+FFFD in the upstream's text) come out now;
+                # the unfinished character after them waits, so its start is never replaced.
+                self._emit_final(groups, text, used)
         return groups
+
+    def _emit_final(self, groups: list[Group], text: str, used: int) -> None:
+        cut = _clean_cut(self._pending, self._pending_bytes, text, used)
+        if cut is None:
+            return  # one token holds both invalid bytes and the unfinished start: wait for it to complete
+        count, boundary, head = cut
+        groups.append((head, self._pending[:count]))
+        self._emitted_chars += len(head)
+        self._pending = self._pending[count:]
+        self._pending_bytes = self._pending_bytes[boundary:]
 
     def feed_all(self, tokens: Iterable[Token], upstream_text: str = "") -> list[Group]:
         """`feed` for a caller that only needs the groups' sum (a non-streamed Response, no delta
@@ -173,6 +199,8 @@ class TextGrouper:
             raise TextMismatch(f"the upstream sent {self._upstream_chars} characters of text but logprobs "
                                f"for only {self._emitted_chars}")
         held = self._held if finish_reason == "length" else [t for t in self._held if t.bytes]
+        # Invalid bytes that waited with an unfinished character one token also holds: their U+FFFD.
+        text = _final_prefix(self._pending_bytes)[0] if self._pending else ""
         dangling = self._pending + held
         self._pending, self._held, self._pending_bytes = [], [], bytearray()
-        return [("", dangling)] if dangling else []
+        return [(text, dangling)] if dangling else []
