@@ -248,7 +248,16 @@ def _ends_unfinished(pieces: list[Piece]) -> bool:
 def _spelled_by(pieces: list[Piece], text: str) -> bool:
     """The invariant for exact bytes: their replace-decoding is the text (U+FFFD where they are invalid)."""
     joined = b"".join(p.exact for p in pieces)  # type: ignore[misc]
-    return joined == text.encode() or joined.decode("utf-8", errors="replace") == text
+    return joined == text.encode() or _replaced_is(joined, text)
+
+
+def _replaced_is(joined: bytes, text: str) -> bool:
+    """`joined`, with invalid bytes as U+FFFD, is `text`; an unfinished last character is not
+    invalid (a cap cut it: it stays out of the text, see `_flushed_tail`)."""
+    if REPLACEMENT_CHAR not in text:
+        return False
+    decoded, used = codecs.utf_8_decode(joined, "replace", False)
+    return used == len(joined) and decoded == text
 
 
 # How many trailing tokens a stop string or an unfinished character can hold, at most.
@@ -279,7 +288,7 @@ def _beyond_text(pieces: list[Piece], text: str) -> tuple[int, bool]:
     for beyond in range(1, min(len(pieces), _MAX_BEYOND) + 1):
         end -= len(pieces[-beyond].exact)  # type: ignore[arg-type]
         head = joined[:end]
-        if head != text.encode() and head.decode("utf-8", errors="replace") != text:
+        if head != text.encode() and not _replaced_is(head, text):
             continue
         try:
             joined[end:].decode("utf-8")
@@ -509,7 +518,7 @@ def _spells(tokens: list[Token], text: str) -> bool:
         tokens = list(compress(tokens, map(not_, specials)))
     joined = b"".join(map(_bytes_of, tokens))
     # Invalid bytes (a character the next token never completed) are the U+FFFD the server wrote.
-    return joined == text.encode() or (REPLACEMENT_CHAR in text and joined.decode("utf-8", errors="replace") == text)
+    return joined == text.encode() or _replaced_is(joined, text)
 
 
 # --- general readers ------------------------------------------------------------------------------
