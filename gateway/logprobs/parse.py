@@ -30,7 +30,15 @@ from gateway.logprobs.spellings import (
     parse_token_id,
     unescape_chat_token,
 )
-from gateway.logprobs.tokens import SENTINEL_LOGPROB, Candidate, IdTokens, Origin, Token, normalize_logprob
+from gateway.logprobs.tokens import (
+    SENTINEL_LOGPROB,
+    Candidate,
+    IdTokens,
+    Origin,
+    Token,
+    normalize_logprob,
+    settle_alternatives,
+)
 from gateway.logprobs.vocab import Vocab
 
 _REPLACED = "\ufffd".encode()
@@ -170,9 +178,12 @@ def _finish(entries: list[_Entry], text: str | None, options: ParseOptions, repo
         for index, entry in enumerate(entries):
             reading = entry.reading
             data = reading.exact if reading.exact is not None else reading.string.encode()
+            top = entry.top
             if reading.origin is Origin.AMBIGUOUS:
-                report.ambiguous_positions.append(index)
-            tokens.append(Token(data, entry.logprob, entry.top, reading.token_id, reading.special,
+                report.ambiguous_positions.append(index)  # its alternatives settle when it is aligned
+            else:
+                top = settle_alternatives(top, data, entry.logprob, data, reading.token_id, reading.origin)
+            tokens.append(Token(data, entry.logprob, top, reading.token_id, reading.special,
                                 reading.origin, entry.top_absent))
         return Parsed(tokens, report)
 
@@ -227,7 +238,9 @@ def _finish(entries: list[_Entry], text: str | None, options: ParseOptions, repo
             report.aligned += 1
         if origin is Origin.AMBIGUOUS:
             report.ambiguous_positions.append(index)
-        tokens.append(Token(data, entry.logprob, entry.top, reading.token_id, special, origin, entry.top_absent))
+        guess = reading.exact if reading.exact is not None else reading.string.encode()
+        top = settle_alternatives(entry.top, guess, entry.logprob, data, reading.token_id, origin)
+        tokens.append(Token(data, entry.logprob, top, reading.token_id, special, origin, entry.top_absent))
     return Parsed(tokens, report)
 
 
@@ -556,6 +569,8 @@ def parse_chat(
             reading = _Reading(reading.string, reading.exact, reading.token_id, True, reading.origin)
         logprob = _logprob(item.get("logprob"), report)
         top = tuple(_candidates_from_list(item.get("top_logprobs"), options, report))
+        if not options.read_ids and top and _int_or_none(item.get("id")) is not None:
+            top = _sampled_by_id(top, item, reading)
         entries.append(_Entry(reading, logprob, top, False))
     return _finish(entries, text, options, report)
 
@@ -569,6 +584,19 @@ def _candidates_from_list(
         reading = _read(item.get("token"), item.get("bytes"), options,
                         _int_or_none(item.get("id")) if options.read_ids else None)
         yield _candidate(reading, _logprob(item.get("logprob"), report), report)
+
+
+def _sampled_by_id(top: tuple[Candidate, ...], item: Mapping[str, Any], reading: _Reading) -> tuple[Candidate, ...]:
+    """llama.cpp: the alternative with the entry's `id` is the sampled token, whose entry may carry
+    more bytes than the token's own (the fragments before it, merged into the completed character):
+    it takes the entry's bytes, so it is recognised (and a completions dict does not list it twice)."""
+    alternatives = item.get("top_logprobs") or ()
+    if reading.exact is None or len(alternatives) != len(top):
+        return top
+    token_id = item["id"]
+    return tuple(Candidate(reading.exact, cand.logprob, cand.token_id, reading.origin)
+                 if isinstance(alt, Mapping) and alt.get("id") == token_id else cand
+                 for cand, alt in zip(top, alternatives, strict=True))
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gateway.logprobs.align import AlignmentError, Piece, align
-from gateway.logprobs.tokens import Origin, Token
+from gateway.logprobs.tokens import Origin, Token, settle_alternatives
 from gateway.logprobs.vocab import Vocab
 
 
@@ -39,7 +39,7 @@ def realign(tokens: Sequence[Token], text: str, vocab: Vocab | None = None) -> t
         try:
             alignment = align(merged, text.encode())
         except AlignmentError:
-            return list(tokens), len(lossy)
+            return [_settled(t, t.bytes) for t in tokens], len(lossy)
         alignment = type(alignment)(alignment.spans, frozenset(
             i for i, t in enumerate(tokens) if t.origin is Origin.AMBIGUOUS) | alignment.ambiguous)
     out = []
@@ -50,5 +50,12 @@ def realign(tokens: Sequence[Token], text: str, vocab: Vocab | None = None) -> t
             origin = Origin.ALIGNED
         else:
             origin = Origin.ALIGNED if token.origin is Origin.AMBIGUOUS else token.origin
-        out.append(type(token)(span, token.logprob, token.top, token.token_id, token.special, origin, token.top_absent))
+        top = settle_alternatives(token.top, token.bytes, token.logprob, span, token.token_id, origin)
+        out.append(type(token)(span, token.logprob, top, token.token_id, token.special, origin, token.top_absent))
     return out, len(alignment.ambiguous)
+
+
+def _settled(token: Token, guess: bytes) -> Token:
+    """The token's alternatives settled against its own (unaligned) bytes."""
+    top = settle_alternatives(token.top, guess, token.logprob, token.bytes, token.token_id, token.origin)
+    return token if top is token.top else token._replace(top=top)

@@ -125,6 +125,27 @@ def normalize_candidates(candidates: tuple[Candidate, ...] | list[Candidate], k:
     return tuple(ordered[:k])
 
 
+def settle_alternatives(top: tuple[Candidate, ...], guess: bytes, logprob: float | None, data: bytes,
+                        token_id: int | None, origin: Origin) -> tuple[Candidate, ...]:
+    """Alternatives once the sampled token's bytes are settled (`data`; `guess`: what its upstream
+    string read as). The alternative that is the sampled token (same id; or, without ids, the same
+    string and logprob) takes the sampled token's bytes: its string may hold the fragments before it
+    (`" 根"` for b"\xb9") or none of its bytes (`"�"`). Any other alternative whose string cannot give
+    its bytes (`"�"`, `""`: origin AMBIGUOUS) is left out: its bytes are unknown, never made up."""
+    if not top or data == guess and not any(c.origin is Origin.AMBIGUOUS for c in top):
+        return top
+    out: list[Candidate] = []
+    found = False
+    for cand in top:
+        if not found and (cand.token_id == token_id if cand.token_id is not None and token_id is not None
+                          else cand.token_id is None and cand.bytes == guess and cand.logprob == logprob):
+            out.append(Candidate(data, cand.logprob, token_id if cand.token_id is None else cand.token_id, origin))
+            found = True
+        elif cand.origin is not Origin.AMBIGUOUS:
+            out.append(cand)
+    return tuple(out)
+
+
 class IdTokens:
     """A chat body's `logprobs.content` that the compiled body scanner already read into Tokens
     (see `body_scan.load_chat_body`), with where its JSON sits in the body: `entries()` reads it the
