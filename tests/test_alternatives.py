@@ -12,9 +12,11 @@ from gateway.logprobs.vocab import load_bpe_files
 # TGI chat / SGLang chat shape: the lead token of " 根" is "" (TGI) and its completing token spells the
 # whole character; alternatives are decoded one by one, so a partial one is "\ufffd".
 CONTENT = [
-    {"token": "Hi", "logprob": -0.1, "top_logprobs": [{"token": "Hi", "logprob": -0.1}, {"token": "Ho", "logprob": -2.0}]},
-    {"token": "", "logprob": -0.2, "top_logprobs": [{"token": "", "logprob": -0.2}, {"token": " \ufffd", "logprob": -1.5},
-                                                     {"token": " a", "logprob": -3.0}]},
+    {"token": "Hi", "logprob": -0.1,
+     "top_logprobs": [{"token": "Hi", "logprob": -0.1}, {"token": "Ho", "logprob": -2.0}]},
+    {"token": "", "logprob": -0.2,
+     "top_logprobs": [{"token": "", "logprob": -0.2}, {"token": " \ufffd", "logprob": -1.5},
+                      {"token": " a", "logprob": -3.0}]},
     {"token": " 根", "logprob": -0.3, "top_logprobs": [{"token": "\ufffd", "logprob": -2.0},
                                                       {"token": " 根", "logprob": -0.3}]},
 ]

@@ -132,7 +132,7 @@ def settle_alternatives(top: tuple[Candidate, ...], guess: bytes, logprob: float
     string and logprob) takes the sampled token's bytes: its string may hold the fragments before it
     (`" 根"` for b"\xb9") or none of its bytes (`"�"`). Any other alternative whose string cannot give
     its bytes (`"�"`, `""`: origin AMBIGUOUS) is left out: its bytes are unknown, never made up."""
-    if not top or data == guess and not any(c.origin is Origin.AMBIGUOUS for c in top):
+    if not top or (data == guess and not any(c.origin is Origin.AMBIGUOUS for c in top)):
         return top
     out: list[Candidate] = []
     found = False

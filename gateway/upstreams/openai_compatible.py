@@ -305,7 +305,45 @@ def chat_call(flavor: Flavor, gen: Generation, upstream_model: str, *, cap: int,
         body["max_tokens"] = gen.max_tokens
     if gen.stream:
         body["stream_options"] = {"include_usage": True}
+    if flavor.sampled_first and gen.top_k_logprobs > 0 and gen.top_k_logprobs + 1 > cap:
+        # k at the server's cap: its list of k may be the sampled token plus the top k-1.
+        return UpstreamCall("/v1/chat/completions", body, _capped_chat_step, load_chat_body, _read_capped_chat_chunk)
     return UpstreamCall("/v1/chat/completions", body, chat_step, load_chat_body, read_chat_chunk)
+
+
+def without_forced_sampled(token: Token) -> Token:
+    """A server that puts the sampled token first in a list of k (vLLM) drops the true k-th when the
+    sampled token is not in the top k; when we could not ask for k+1 (k at its cap) the list cannot
+    tell which. The sampled token is kept only where it is provably in the top k: above the lowest
+    of the others (they are the top k-1, or the top k with it). Otherwise it is left out: fewer
+    entries than k (OpenAI allows that), never a candidate outside the true top k."""
+    top = token.top
+    if len(top) < 2:
+        return token
+    if token.token_id is not None:
+        sampled = [i for i, c in enumerate(top) if c.token_id == token.token_id]
+    else:
+        sampled = [i for i, c in enumerate(top) if c.token_id is None and c.bytes == token.bytes]
+    if len(sampled) != 1:
+        return token
+    others = top[: sampled[0]] + top[sampled[0] + 1:]
+    if top[sampled[0]].logprob > min(c.logprob for c in others):
+        return token
+    return token._replace(top=others)
+
+
+def _trim_forced(step: Step) -> Step:
+    step.tokens = [without_forced_sampled(t) for t in step.tokens]
+    return step
+
+
+def _capped_chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool) -> Step:
+    return _trim_forced(chat_step(body, options, streaming=streaming))
+
+
+def _read_capped_chat_chunk(raw: bytes, options: ParseOptions) -> Step | None:
+    step = read_chat_chunk(raw, options)
+    return None if step is None else _trim_forced(step)
 
 
 def completions_call(flavor: Flavor, gen: Generation, upstream_model: str, prompt: str, *, cap: int,
