@@ -121,12 +121,15 @@ def _include_usage(body: dict[str, Any]) -> bool:
     return bool(options.get("include_usage"))
 
 
+DROPPED_TOOLS_HEADER = "X-Dropped-Hosted-Tools"
+
+
 async def create_response(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
     turn = await begin_turn(request, body)  # previous_response_id's history, from the store
     if body.get("background") is True:
         return await _create_background(request, body, turn)
-    gen = generation_from_responses(body, turn.history)
+    gen = _responses_generation(request, body, turn)
     settings = responses_settings(body, gen, store=turn.stored, previous_response_id=turn.previous_response_id)
     def front(route: Route) -> FrontTranslator:
         # Events are only serialized here: logprobs go out as JSON written once (no entry dicts), and a
@@ -144,7 +147,7 @@ async def _create_background(request: web.Request, body: dict[str, Any], turn: T
                           "store.", "background")
     runs = request.app[BACKGROUND_KEY]
     runs.admit()
-    gen = generation_from_responses({**body, "stream": True}, turn.history)  # the log keeps every event
+    gen = _responses_generation(request, {**body, "stream": True}, turn)  # the log keeps every event
     settings = responses_settings(body, gen, store=True, previous_response_id=turn.previous_response_id,
                                   background=True)
     route = _route(request.app[STATE], gen.model)
@@ -161,6 +164,36 @@ async def _create_background(request: web.Request, body: dict[str, Any], turn: T
     if body.get("stream") is True:
         return await follow_events(request, run.log.follow(-1))
     return json_response(queued)
+
+
+def _responses_generation(request: web.Request, body: dict[str, Any], turn: Turn) -> Generation:
+    """The validated Generation, under its model's policy for hosted tools (reported when any is dropped)."""
+    state = request.app[STATE]
+    known = state.routes.get(body.get("model")) if isinstance(body.get("model"), str) else None
+    gen = generation_from_responses(body, turn.history, known.hosted_tools if known else "drop")
+    if gen.tool_set.dropped:
+        _report_dropped(request, state, gen)
+    return gen
+
+
+def _report_dropped(request: web.Request, state: GatewayState, gen: Generation) -> None:
+    """Hosted tools the upstream was not offered: counted, in the access log, and in a response header."""
+    dropped = list(dict.fromkeys(gen.tool_set.dropped))
+    for tool in gen.tool_set.dropped:
+        state.metrics.hosted_dropped.labels(gen.model, tool).inc()
+    request["log"]["hosted_tools_dropped"] = dropped
+    request[_DROPPED_KEY] = ",".join(dropped)
+
+
+_DROPPED_KEY = web.RequestKey("hosted_tools_dropped", str)
+
+
+async def _dropped_tools_header(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: every answer to a request that dropped hosted tools names them (a streamed
+    answer too, before its headers go out), errors included."""
+    dropped = request.get(_DROPPED_KEY)
+    if dropped:
+        response.headers[DROPPED_TOOLS_HEADER] = dropped
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
@@ -803,6 +836,7 @@ def create_app(config: Config) -> web.Application:
     app.router.add_get("/metrics", metrics_endpoint)
     if config.playground:
         add_playground(app)
+    app.on_response_prepare.append(_dropped_tools_header)
     app.on_startup.append(_on_startup)
     app.on_cleanup.append(_on_cleanup)
     return app

@@ -84,6 +84,10 @@ class Model(_Strict):
     tokenizer: dict[str, str] | None = None
     chat_template: str | None = None
     aliases: list[str] = Field(default_factory=list)  # more names clients may send
+    # Tools only OpenAI can run (web_search, file_search, code_interpreter, mcp, ...): `drop` leaves them
+    # out of the upstream request (counted, and named in a response header and the access log);
+    # `refuse` answers 400.
+    hosted_tools: Literal["drop", "refuse"] = "drop"
 
 
 class Auth(_Strict):

@@ -55,6 +55,9 @@ class Metrics:
         self.refused = Counter("gateway_requests_refused_unsupported",
                                "Requests refused because the route cannot serve them", ["model", "route", "param"],
                                registry=r)
+        self.hosted_dropped = Counter("gateway_hosted_tools_dropped",
+                                      "Hosted tools (web_search, mcp, ...) left out of upstream requests",
+                                      ["model", "tool"], registry=r)
         self._children: dict[tuple[Any, ...], Any] = {}
         self._reports: dict[tuple[str, str], ReportCounters] = {}
 

@@ -20,6 +20,7 @@ class Route:
     vocab: Vocab | None
     chat_template: ChatTemplate | None
     replicas: ReplicaSet  # shared by every model of the upstream
+    hosted_tools: str = "drop"  # the model's policy for tools only OpenAI can run (translate.tools)
 
 
 def _load_template(config: Config, name: str, path: str | None, tokenizer_dir: Path | None) -> ChatTemplate | None:
@@ -77,7 +78,7 @@ def build_routes(config: Config) -> dict[str, Route]:
             vocab.require_encoder()  # loaded now: a reload would stall the event loop on a request
         template = _load_template(config, name, model.chat_template, tokenizer_dir)
         route = Route(name, model.upstream, upstream, model.upstream_model or name, vocab, template,
-                      replica_sets[model.upstream])
+                      replica_sets[model.upstream], model.hosted_tools)
         for public_name in (name, *model.aliases):
             routes[public_name] = route
     return routes

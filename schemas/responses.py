@@ -49,11 +49,13 @@ from pydantic import Field, model_validator
 
 from ._base import ContractModel, tagged_union
 from .responses_common import (  # noqa: F401 (re-exported: `from schemas.responses import X` works)
+    CustomTool,
     FunctionName,
     FunctionTool,
     Index,
     ItemStatus,
     LogProb,
+    NamespaceTool,
     OutputRefusal,
     OutputText,
     ReasoningSummary,
@@ -107,6 +109,24 @@ class FunctionCall(ContractModel):
     arguments: str
     """The arguments as a JSON string, as the model wrote them."""
     status: ItemStatus
+    namespace: str | None = None
+    """The ``namespace`` tool the function belongs to; absent for an ungrouped function."""
+
+
+class CustomToolCall(ContractModel):
+    """A call to a ``custom`` tool: its free-form ``input`` (the SDK's ``ResponseCustomToolCall``).
+
+    Not in the Open Responses spec, which has no custom tools: only a request that offered one gets it.
+    """
+
+    id: str
+    """``ctc_...``; the ``item_id`` of its stream events."""
+    type: Literal["custom_tool_call"] = "custom_tool_call"
+    call_id: str
+    name: str
+    input: str
+    status: ItemStatus
+    namespace: str | None = None
 
 
 class ReasoningItem(ContractModel):
@@ -123,8 +143,12 @@ class ReasoningItem(ContractModel):
 
 
 OutputItem = tagged_union(
-    "type", {"message": OutputMessage, "function_call": FunctionCall, "reasoning": ReasoningItem}
+    "type", {"message": OutputMessage, "function_call": FunctionCall, "custom_tool_call": CustomToolCall,
+             "reasoning": ReasoningItem}
 )
+
+EchoedTool = tagged_union("type", {"function": FunctionTool, "namespace": NamespaceTool, "custom": CustomTool})
+"""A tool the model was offered, as the request gave it (hosted tools the upstream cannot run are not)."""
 
 
 # --- echoed configuration -------------------------------------------------------------------
@@ -215,7 +239,7 @@ class Response(ContractModel):
     # What the request asked for, echoed (the request's values or these defaults).
     instructions: str | None = None
     previous_response_id: str | None = None
-    tools: list[FunctionTool] = Field(default_factory=list)
+    tools: list[EchoedTool] = Field(default_factory=list)
     tool_choice: ToolChoice = "auto"
     parallel_tool_calls: bool = True
     max_tool_calls: int | None = None
@@ -378,6 +402,22 @@ class FunctionCallArgumentsDoneEvent(_Event):
     arguments: str
 
 
+class CustomToolCallInputDeltaEvent(_Event):
+    """Input text appended to a custom tool call (decoded from the upstream's streamed arguments)."""
+
+    type: Literal["response.custom_tool_call_input.delta"] = "response.custom_tool_call_input.delta"
+    item_id: str
+    output_index: Index
+    delta: str
+
+
+class CustomToolCallInputDoneEvent(_Event):
+    type: Literal["response.custom_tool_call_input.done"] = "response.custom_tool_call_input.done"
+    item_id: str
+    output_index: Index
+    input: str
+
+
 class ErrorPayload(ContractModel):
     type: str
     """The error class, e.g. ``server_error``."""
@@ -441,6 +481,8 @@ ResponseStreamEvent = tagged_union(
         "response.content_part.done": ContentPartDoneEvent,
         "response.function_call_arguments.delta": FunctionCallArgumentsDeltaEvent,
         "response.function_call_arguments.done": FunctionCallArgumentsDoneEvent,
+        "response.custom_tool_call_input.delta": CustomToolCallInputDeltaEvent,
+        "response.custom_tool_call_input.done": CustomToolCallInputDoneEvent,
         "response.output_item.done": OutputItemDoneEvent,
         "response.completed": ResponseCompletedEvent,
         "response.incomplete": ResponseIncompleteEvent,

@@ -99,20 +99,70 @@ class FunctionTool(ContractModel):
     strict: bool | None = None
 
 
+class CustomToolFormatText(ContractModel):
+    type: Literal["text"] = "text"
+
+
+class CustomToolFormatGrammar(ContractModel):
+    """A grammar the input should follow. A chat upstream cannot enforce it: the model is shown it."""
+
+    type: Literal["grammar"] = "grammar"
+    syntax: Literal["lark", "regex"]
+    definition: str
+
+
+CustomToolFormat = tagged_union("type", {"text": CustomToolFormatText, "grammar": CustomToolFormatGrammar})
+
+
+class CustomTool(ContractModel):
+    """A tool whose input is free-form text (Codex's ``apply_patch`` can be one), not JSON arguments.
+
+    Offered to a chat upstream as a function with one string parameter, ``input``; its calls come
+    back as ``custom_tool_call`` items.
+    """
+
+    type: Literal["custom"] = "custom"
+    name: FunctionName
+    description: str | None = None
+    format: CustomToolFormat | None = None
+
+
+NamespaceMember = tagged_union("type", {"function": FunctionTool, "custom": CustomTool})
+
+
+class NamespaceTool(ContractModel):
+    """Function (and custom) tools grouped under a namespace (Codex's ``multi_agent_v1``).
+
+    The model is offered each member as its own function; a call to one comes back with the
+    member's ``name`` and the ``namespace`` (OpenAI's ``function_call.namespace``).
+    """
+
+    type: Literal["namespace"] = "namespace"
+    name: FunctionName
+    description: str
+    tools: Annotated[list[NamespaceMember], Field(min_length=1)]
+
+
 class ToolChoiceFunction(ContractModel):
     type: Literal["function"] = "function"
+    name: str
+
+
+class ToolChoiceCustom(ContractModel):
+    type: Literal["custom"] = "custom"
     name: str
 
 
 class ToolChoiceAllowed(ContractModel):
     type: Literal["allowed_tools"] = "allowed_tools"
     mode: Literal["auto", "required"]
-    tools: Annotated[list[ToolChoiceFunction], Field(min_length=1, max_length=128)]
+    tools: Annotated[list[tagged_union("type", {"function": ToolChoiceFunction, "custom": ToolChoiceCustom})],
+                     Field(min_length=1, max_length=128)]
 
 
 ToolChoiceOptions = Literal["none", "auto", "required"]
 ToolChoice = ToolChoiceOptions | tagged_union(
-    "type", {"function": ToolChoiceFunction, "allowed_tools": ToolChoiceAllowed}
+    "type", {"function": ToolChoiceFunction, "custom": ToolChoiceCustom, "allowed_tools": ToolChoiceAllowed}
 )
 
 

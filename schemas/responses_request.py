@@ -10,10 +10,12 @@ Deliberate departures from OpenAI:
 
 - ``max_output_tokens`` only needs to be >= 1. OpenAI (and the Open Responses spec) reject values
   below 16, but people scoring with vLLM ask for 4 tokens.
-- Only what a Chat/Completions upstream can serve is accepted: message, ``function_call`` and
-  ``function_call_output`` input items (and ``reasoning`` items we returned, which are dropped);
-  text, image and file parts (only text files reach the model); function tools. Other item, part
-  and tool types fail with ``invalid_value`` naming the supported ones.
+- Only what a Chat/Completions upstream can serve is accepted: message, ``function_call``,
+  ``custom_tool_call`` and their ``*_output`` input items, ``item_reference`` (and ``reasoning`` items
+  we returned, which are dropped); text, image and file parts (only text files reach the model);
+  function, ``namespace`` and ``custom`` tools, and OpenAI's hosted tools, which each model's
+  ``hosted_tools`` policy drops or refuses (``gateway.translate.tools``). Other item, part and tool
+  types fail with ``invalid_value`` naming the supported ones.
 - ``reasoning.effort`` and ``service_tier`` accept the SDK's values, which are more than the
   spec lets a response echo (see ``schemas.responses``).
 """
@@ -26,8 +28,10 @@ from pydantic import ConfigDict, Field, field_validator
 
 from ._base import ContractModel, tagged_union
 from .responses_common import (
+    CustomTool,
     FunctionTool,
     ItemStatus,
+    NamespaceTool,
     OutputRefusal,
     OutputText,
     ReasoningSummary,
@@ -125,6 +129,8 @@ class FunctionCallInput(ContractModel):
     call_id: CallId
     name: str
     arguments: str
+    namespace: str | None = None
+    """Set when the function is a member of a ``namespace`` tool."""
     id: str | None = None
     status: ItemStatus | None = None
 
@@ -135,8 +141,40 @@ class FunctionCallOutputInput(ContractModel):
     type: Literal["function_call_output"] = "function_call_output"
     call_id: CallId
     output: str | list[UserContentPart]
+    name: str | None = None
+    namespace: str | None = None
     id: str | None = None
     status: ItemStatus | None = None
+
+
+class CustomToolCallInput(ContractModel):
+    """A call the model made earlier to a ``custom`` tool: free-form ``input`` rather than JSON."""
+
+    type: Literal["custom_tool_call"] = "custom_tool_call"
+    call_id: CallId
+    name: str
+    input: str
+    namespace: str | None = None
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class CustomToolCallOutputInput(ContractModel):
+    """The result of a custom tool call; becomes a ``role: "tool"`` message upstream."""
+
+    type: Literal["custom_tool_call_output"] = "custom_tool_call_output"
+    call_id: CallId
+    output: str | list[UserContentPart]
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class ItemReference(ContractModel):
+    """An item the gateway stored earlier, named by its id; replaced by that item before anything else
+    (``gateway.stored_routes``), so only a reference to an unknown id reaches validation."""
+
+    type: Literal["item_reference"] | None = "item_reference"
+    id: str
 
 
 class ReasoningInput(ContractModel):
@@ -158,9 +196,34 @@ MessageInput = tagged_union(
 InputItem = tagged_union(
     "type",
     {"message": MessageInput, "function_call": FunctionCallInput, "function_call_output": FunctionCallOutputInput,
-     "reasoning": ReasoningInput},
+     "custom_tool_call": CustomToolCallInput, "custom_tool_call_output": CustomToolCallOutputInput,
+     "reasoning": ReasoningInput, "item_reference": ItemReference},
     default="message",
 )
+
+
+# --- tools ----------------------------------------------------------------------------------
+
+# OpenAI's tools that OpenAI itself runs (or whose calls come back as items of their own kind):
+# a chat upstream cannot run them. Each model's `hosted_tools` policy drops them from the upstream
+# request (the default) or refuses the request (gateway.translate.tools).
+HOSTED_TOOL_TYPES = (
+    "web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11",
+    "file_search", "code_interpreter", "image_generation", "computer", "computer_use", "computer_use_preview",
+    "mcp", "local_shell", "shell", "apply_patch", "tool_search", "programmatic_tool_calling",
+)
+
+
+class HostedTool(ContractModel):
+    """A hosted tool; its settings are not read (it never reaches the upstream), so any are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal[HOSTED_TOOL_TYPES]  # type: ignore[valid-type]
+
+
+Tool = tagged_union("type", {"function": FunctionTool, "namespace": NamespaceTool, "custom": CustomTool,
+                             **dict.fromkeys(HOSTED_TOOL_TYPES, HostedTool)})
 
 
 # --- options --------------------------------------------------------------------------------
@@ -209,7 +272,7 @@ class CreateResponseRequest(ContractModel):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     """Candidates per position, when ``include`` asks for logprobs."""
 
-    tools: list[FunctionTool] | None = None
+    tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None

@@ -39,7 +39,8 @@ async def start_stack(aiohttp_server, vocab, *, api: str = "chat", model: str = 
                       chat_template: str | None = None, store: dict[str, Any] | None = None,
                       dialect: str = "vllm", auth: dict[str, Any] | None = None, api_key: str = "test-key",
                       compaction: dict[str, Any] | None = None,
-                      limits: dict[str, Any] | None = None, **simulator_options: Any) -> Stack:
+                      limits: dict[str, Any] | None = None, model_options: dict[str, Any] | None = None,
+                      **simulator_options: Any) -> Stack:
     """A simulator of `dialect` (vllm, tgi, sglang, llamacpp, openai) and the gateway in front of it."""
     module = importlib.import_module(f"gateway.simulator.{dialect}")
     simulator = await aiohttp_server(module.create_app(vocab, model, **simulator_options))
@@ -48,7 +49,7 @@ async def start_stack(aiohttp_server, vocab, *, api: str = "chat", model: str = 
     if timeouts:
         upstream["timeouts"] = timeouts
     upstream.update(upstream_options or {})
-    model_config: dict[str, Any] = {"upstream": "sim", **_tokenizer(tokenizer)}
+    model_config: dict[str, Any] = {"upstream": "sim", **_tokenizer(tokenizer), **(model_options or {})}
     if chat_template is not None:
         model_config["chat_template"] = chat_template
     # Tests keep responses in memory unless they test a store (no file in the working folder).

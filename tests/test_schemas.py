@@ -633,7 +633,8 @@ INVALID_REQUESTS = {
     "zero output tokens": ({"model": "m", "max_output_tokens": 0}, "max_output_tokens", "integer_below_min_value"),
     "null content": ({"model": "m", "input": [{"role": "user", "content": None}]}, "input[0].content", "invalid_type"),
     "tool role": ({"model": "m", "input": [{"role": "tool", "content": "x"}]}, "input[0]", "invalid_value"),
-    "unsupported item": ({"model": "m", "input": [{"type": "item_reference", "id": "x"}]}, "input[0]", "invalid_value"),
+    "unsupported item": ({"model": "m", "input": [{"type": "file_search_call", "id": "x"}]}, "input[0]",
+                         "invalid_value"),
     "missing part text": (
         {"model": "m", "input": [{"role": "user", "content": [{"type": "input_text"}]}]},
         "input[0].content[0].text",

@@ -20,6 +20,7 @@ from gateway.translate.request import (
     wants_logprobs,
 )
 from gateway.translate.response_object import ResponseSettings
+from gateway.translate.tools import HostedPolicy, plan_tools
 from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.errors import validation_error_to_openai
@@ -62,8 +63,10 @@ _UNSERVED_RESPONSES_FIELDS = {
 }
 
 
-def generation_from_responses(body: dict[str, Any], history: Sequence[dict[str, Any]] = ()) -> Generation:
-    """`history`: the items `previous_response_id` replays (its input items, then its output)."""
+def generation_from_responses(body: dict[str, Any], history: Sequence[dict[str, Any]] = (),
+                              hosted_tools: HostedPolicy = "drop") -> Generation:
+    """`history`: the items `previous_response_id` replays (its input items, then its output).
+    `hosted_tools`: the model's policy for tools only OpenAI can run (`translate.tools`)."""
     validate_body(CreateResponseRequest, body)
     for name, why in _UNSERVED_RESPONSES_FIELDS.items():
         if body.get(name) is not None:  # OpenAI's field, not a vendor option: never silently ignored
@@ -72,6 +75,7 @@ def generation_from_responses(body: dict[str, Any], history: Sequence[dict[str, 
     if given is None or given == "" or given == []:
         raise bad_request("Input must not be empty.", "input", "empty_input")
     try:
+        tool_set = plan_tools(body.get("tools"), hosted_tools)
         messages = responses_to_messages(body)
     except RequestTranslationError as exc:
         raise bad_request(str(exc), exc.param) from None
@@ -84,7 +88,8 @@ def generation_from_responses(body: dict[str, Any], history: Sequence[dict[str, 
         max_tokens=body.get("max_output_tokens"), temperature=body.get("temperature"), top_p=body.get("top_p"),
         user=body.get("user"), logprobs=wants_logprobs(body), top_k_logprobs=body.get("top_logprobs") or 0,
         stream=bool(body.get("stream")), extensions=vendor_extensions(body),
-        tool_options=chat_tool_options(body), response_format=chat_response_format(body), format_param="text.format",
+        tool_options=chat_tool_options(body, tool_set), tool_set=tool_set,
+        response_format=chat_response_format(body), format_param="text.format",
         reasoning_effort=reasoning_effort(body), has_images=has_image_parts(messages), input_param="input",
     )
 
@@ -112,7 +117,8 @@ def responses_settings(body: dict[str, Any], gen: Generation, *, store: bool = F
         include_logprobs=gen.logprobs,
         text_format=_echo_format(text.get("format")),
         verbosity=text.get("verbosity") or "medium",
-        tools=[_echo_tool(tool) for tool in body.get("tools") or []],
+        tools=[_echo_tool(tool) for tool in (gen.tool_set.offered if gen.tool_set else body.get("tools") or [])],
+        tool_shapes=gen.tool_set.shapes if gen.tool_set else {},
         tool_choice=body.get("tool_choice") if body.get("tool_choice") is not None else "auto",
         parallel_tool_calls=body.get("parallel_tool_calls") is not False,
         max_tool_calls=body.get("max_tool_calls"),
@@ -141,6 +147,13 @@ def _echo_format(fmt: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _echo_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    kind = tool.get("type", "function")
+    if kind == "namespace":
+        return {"type": "namespace", "name": tool["name"], "description": tool["description"],
+                "tools": [_echo_tool(member) for member in tool["tools"]]}
+    if kind == "custom":
+        return {"type": "custom", "name": tool["name"], "description": tool.get("description"),
+                "format": tool.get("format") or {"type": "text"}}
     return {"type": "function", "name": tool["name"], "description": tool.get("description"),
             "parameters": tool.get("parameters"), "strict": tool.get("strict")}
 

@@ -40,6 +40,9 @@ class Generation:
     reasoning_effort: str | None = None
     has_images: bool = False  # some message has an image part (a chat upstream's job)
     input_param: str = "messages"  # where the client put the conversation (Responses: `input`)
+    # Responses only: the request's tools as offered upstream and how their calls come back
+    # (a `translate.tools.ToolSet`: namespaces, custom tools, the hosted tools dropped).
+    tool_set: Any = None
 
     def chat_options(self) -> dict[str, Any]:
         """What only a chat upstream can take: tools, structured output, reasoning effort."""

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.translate.tools import ToolSet
 
 from gateway.translate.input_files import InputFileError, input_file_text
 
@@ -12,9 +16,17 @@ RESPONSES_FIELDS = frozenset({
     "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "include", "top_logprobs",
     "stream", "stream_options", "store", "metadata", "user", "previous_response_id", "tools", "tool_choice",
     "parallel_tool_calls", "text", "reasoning", "truncation", "service_tier", "background", "prompt_cache_key",
-    "safety_identifier", "max_tool_calls", "conversation", "prompt", "prompt_cache_retention",
+    "safety_identifier", "max_tool_calls", "conversation", "prompt", "prompt_cache_retention", "client_metadata",
 })
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+CUSTOM_INPUT = "input"  # the one string parameter a custom tool's chat function takes (translate.tools)
+NAMESPACE_SEPARATOR = "__"
+
+
+def upstream_name(name: str, namespace: str | None) -> str:
+    """The chat function name of a Responses tool: a namespace member's is `<namespace>__<name>`
+    (the flat spelling Codex uses where a namespace cannot be kept, `ToolName::canonical_flat_name`)."""
+    return f"{namespace}{NAMESPACE_SEPARATOR}{name}" if namespace else name
 
 
 class RequestTranslationError(ValueError):
@@ -55,8 +67,13 @@ def _content_text(content: Any, param: str) -> str | list[dict[str, Any]]:
 
 
 def _tool_call(item: dict[str, Any]) -> dict[str, Any]:
+    """A function call, or a custom tool call (its free-form input as the one string argument)."""
+    if item.get("type") == "custom_tool_call":
+        arguments = json.dumps({CUSTOM_INPUT: item.get("input", "")}, ensure_ascii=False)
+    else:
+        arguments = item.get("arguments", "")
     return {"id": item["call_id"], "type": "function",
-            "function": {"name": item["name"], "arguments": item.get("arguments", "")}}
+            "function": {"name": upstream_name(item["name"], item.get("namespace")), "arguments": arguments}}
 
 
 def _tool_output(item: dict[str, Any], param: str) -> str:
@@ -86,13 +103,13 @@ def responses_to_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         if kind == "message":
             messages.append({"role": item["role"],
                              "content": _content_text(item["content"], f"input[{index}].content")})
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(_tool_call(item))
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [_tool_call(item)]})
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             messages.append({"role": "tool", "tool_call_id": item["call_id"],
                              "content": _tool_output(item, f"input[{index}].output")})
         elif kind != "reasoning":
@@ -100,32 +117,39 @@ def responses_to_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
-def chat_tool_options(body: dict[str, Any]) -> dict[str, Any]:
-    """Responses `tools` / `tool_choice` / `parallel_tool_calls` -> chat's, only those given.
+def chat_tool_options(body: dict[str, Any], tools: ToolSet | None = None) -> dict[str, Any]:
+    """Responses `tools` (as `translate.tools.plan_tools` offers them) / `tool_choice` /
+    `parallel_tool_calls` -> chat's, only those given.
 
-    Responses function tools are flat, chat's nest under `function`. Chat has no `allowed_tools`
-    choice: the same effect is the allowed subset as `tools` with its mode as `tool_choice`.
+    Chat has no `allowed_tools` choice: the same effect is the allowed subset as `tools` with its
+    mode as `tool_choice`. A choice or an allowed entry names a tool as the client knows it (a
+    namespace member by its own name, or by its upstream name).
     """
-    tools = [tool for tool in body.get("tools") or [] if tool.get("type", "function") == "function"]
+    if tools is None:
+        from gateway.translate.tools import plan_tools
+
+        tools = plan_tools(body.get("tools"))
+    functions = tools.functions
     choice = body.get("tool_choice")
     out: dict[str, Any] = {}
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
         allowed = {t.get("name") for t in choice.get("tools") or []}
-        tools = [tool for tool in tools if tool.get("name") in allowed]
+        functions = [f for f in functions if f["function"]["name"] in allowed
+                     or getattr(tools.shapes.get(f["function"]["name"]), "name", None) in allowed]
         choice = choice.get("mode", "auto")
-    if tools:
-        out["tools"] = [{"type": "function", "function": _function(tool)} for tool in tools]
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        out["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+    if functions:
+        out["tools"] = functions
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
+        name = choice.get("name")
+        flat = {f["function"]["name"] for f in tools.functions}
+        if name not in flat:  # a namespace member named as the client knows it
+            name = next((key for key, shape in tools.shapes.items() if shape.name == name), name)
+        out["tool_choice"] = {"type": "function", "function": {"name": name}}
     elif isinstance(choice, str):
         out["tool_choice"] = choice
     if body.get("parallel_tool_calls") is not None:
         out["parallel_tool_calls"] = body["parallel_tool_calls"]
     return out
-
-
-def _function(tool: dict[str, Any]) -> dict[str, Any]:
-    return {key: tool[key] for key in ("name", "description", "parameters", "strict") if tool.get(key) is not None}
 
 
 def chat_response_format(body: dict[str, Any]) -> dict[str, Any] | None:

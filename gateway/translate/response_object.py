@@ -46,6 +46,9 @@ class ResponseSettings:
     max_tool_calls: int | None = None
     truncation: str = "disabled"
     verbosity: str = "medium"
+    tool_shapes: dict[str, Any] = field(default_factory=dict)
+    """Upstream function name -> `translate.tools.CallShape`: calls that come back as a namespaced
+    `function_call` or a `custom_tool_call`."""
 
 
 def output_text_part(text: str, logprobs: Any) -> dict[str, Any]:
@@ -63,9 +66,23 @@ def reasoning_item(item_id: str, status: str, text: str | None) -> dict[str, Any
     return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
 
 
-def function_call_item(item_id: str, status: str, call_id: str, name: str, arguments: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
+def function_call_item(item_id: str, status: str, call_id: str, name: str, arguments: str,
+                       namespace: str | None = None) -> dict[str, Any]:
+    item = {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
             "arguments": arguments}
+    if namespace is not None:
+        item["namespace"] = namespace  # OpenAI's key for a member of a `namespace` tool
+    return item
+
+
+def custom_tool_call_item(item_id: str, status: str, call_id: str, name: str, input_text: str,
+                          namespace: str | None = None) -> dict[str, Any]:
+    """A call to a `custom` tool: its free-form `input` (OpenAI's `ResponseCustomToolCall`)."""
+    item = {"id": item_id, "type": "custom_tool_call", "status": status, "call_id": call_id, "name": name,
+            "input": input_text}
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
 
 
 def usage_object(input_tokens: int, output_tokens: int, cached_tokens: int = 0,

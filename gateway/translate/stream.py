@@ -28,6 +28,7 @@ from gateway.logprobs.vocab import Vocab
 from gateway.translate.grouping import TextGrouper
 from gateway.translate.response_object import (
     ResponseSettings,
+    custom_tool_call_item,
     function_call_item,
     message_item,
     new_id,
@@ -36,6 +37,7 @@ from gateway.translate.response_object import (
     response_object,
     status_for_finish,
 )
+from gateway.translate.tools import InputStream
 from gateway.upstreams.base import ToolCallDelta, UpstreamFormatError
 
 _MESSAGE = "message"
@@ -54,15 +56,22 @@ class _Reasoning:
 
 @dataclass(slots=True)
 class _Call:
+    """A function call, or a call to a custom tool (`custom` set: its input decoded as it arrives)."""
+
     id: str
     output_index: int
     call_id: str
     name: str
+    namespace: str | None = None
+    custom: InputStream | None = None
     arguments: list[str] = field(default_factory=list)
     status: str | None = None
 
     def item(self, status: str) -> dict[str, Any]:
-        return function_call_item(self.id, status, self.call_id, self.name, "".join(self.arguments))
+        if self.custom is not None:
+            text = self.custom.done()[0] if status != "in_progress" else "".join(self.custom.streamed)
+            return custom_tool_call_item(self.id, status, self.call_id, self.name, text, self.namespace)
+        return function_call_item(self.id, status, self.call_id, self.name, "".join(self.arguments), self.namespace)
 
 
 def _call_id(upstream_id: str | None) -> str:
@@ -218,6 +227,14 @@ class ResponsesStream:
                             part={"type": "reasoning_text", "text": text}),
                 self._event("response.output_item.done", output_index=index, item=item.item(status)),
             ]
+        if item.custom is not None:
+            whole, rest = item.custom.done()
+            events = [self._event("response.custom_tool_call_input.delta", item_id=item.id, output_index=index,
+                                  delta=rest)] if rest and self._with_deltas else []
+            return [*events,
+                    self._event("response.custom_tool_call_input.done", item_id=item.id, output_index=index,
+                                input=whole),
+                    self._event("response.output_item.done", output_index=index, item=item.item(status))]
         return [
             self._event("response.function_call_arguments.done", item_id=item.id, output_index=index,
                         name=item.name, arguments="".join(item.arguments)),
@@ -316,8 +333,7 @@ class ResponsesStream:
                 if name is None:
                     continue  # wait for the name: `output_item.added` must carry it
                 del self._pending_calls[delta.index]
-                call = _Call(new_id("fc"), len(self._items), _call_id(next((p.id for p in pieces if p.id), None)),
-                             name)
+                call = self._new_call(name, next((p.id for p in pieces if p.id), None))
                 self._calls[delta.index] = call
                 events += self._add(call)
                 events.append(self._event("response.output_item.added", output_index=call.output_index,
@@ -327,11 +343,28 @@ class ResponsesStream:
                 raise UpstreamFormatError(f"tool call {delta.index} continued after another output began")
             else:
                 arguments = delta.arguments
-            if arguments:
-                call.arguments.append(arguments)
+            if not arguments:
+                continue
+            call.arguments.append(arguments)
+            if call.custom is None:
                 events.append(self._event("response.function_call_arguments.delta", item_id=call.id,
                                           output_index=call.output_index, delta=arguments))
+                continue
+            text = call.custom.feed(arguments)
+            if text and self._with_deltas:
+                events.append(self._event("response.custom_tool_call_input.delta", item_id=call.id,
+                                          output_index=call.output_index, delta=text))
         return events
+
+    def _new_call(self, upstream_name: str, upstream_id: str | None) -> _Call:
+        """A call to the upstream function `upstream_name`, shaped as the client's tool is (a namespace
+        member comes back with its own name and the namespace; a custom tool as `custom_tool_call`)."""
+        shape = self.settings.tool_shapes.get(upstream_name)
+        if shape is None:
+            return _Call(new_id("fc"), len(self._items), _call_id(upstream_id), upstream_name)
+        custom = shape.kind == "custom"
+        return _Call(new_id("ctc" if custom else "fc"), len(self._items), _call_id(upstream_id), shape.name,
+                     shape.namespace, InputStream() if custom else None)
 
     # --- output -------------------------------------------------------------------------------
 
