@@ -134,10 +134,13 @@ class Turn:
 
 async def begin_turn(request: web.Request, body: dict[str, Any], *, expand: bool = True) -> Turn:
     """Fetch what `previous_response_id` replays (400 `previous_response_not_found` when it is gone,
-    or when it belongs to another API key), and expand compaction items (`expand_turn_compactions`)."""
+    or when it belongs to another API key), replace each `item_reference` in `body["input"]` by the
+    stored item it names (400 when there is none), and expand compaction items (`expand_turn_compactions`)."""
     store = _store(request)
     wanted = body.get("store") is not False  # OpenAI's default is true
     previous_id = body.get("previous_response_id")
+    if isinstance(body.get("input"), list) and any(_is_reference(item) for item in body["input"]):
+        body["input"] = await _resolve_references(store, body["input"])
     turn = Turn(store if wanted else None, previous_id if isinstance(previous_id, str) else None, body.get("input"))
     if turn.previous_response_id is not None:
         turn.history = turn.replayed = await _replay(store, turn.previous_response_id)
@@ -153,6 +156,36 @@ def expand_turn_compactions(request: web.Request, body: dict[str, Any], turn: Tu
     if isinstance(body.get("input"), list):
         body["input"] = expand_compactions(sealer, caller, body["input"], "input")
     turn.history = expand_compactions(sealer, caller, turn.history, "previous_response_id")
+
+
+def _is_reference(item: Any) -> bool:
+    """`{"type": "item_reference", "id": ...}`, or OpenAI's short form `{"id": ...}` (no type, no role)."""
+    if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+        return False
+    return item.get("type") == "item_reference" or ("type" not in item and "role" not in item)
+
+
+async def _resolve_references(store: ScopedStore | None, given: list[Any]) -> list[Any]:
+    """The input with every reference replaced by the item it names, as stored (logprobs left out), so
+    the request reads as if the client had sent the item itself. References are looked up in this
+    caller's responses only, as `previous_response_id` is; the request's own `store` does not matter."""
+    resolved = []
+    for index, item in enumerate(given):
+        if not _is_reference(item):
+            resolved.append(item)
+            continue
+        item_id = item["id"]
+        if store is None:
+            raise bad_request(f"input[{index}] is an item_reference to '{item_id}', but this gateway keeps no "
+                              "items to refer to (store.backend is none): send the item itself.",
+                              f"input[{index}]", "item_not_found")
+        with _store_errors():
+            found = await store.find_item(item_id)
+        if found is None:
+            raise bad_request(f"Item with id '{item_id}' not found (input[{index}] is an item_reference).",
+                              f"input[{index}]", "item_not_found")
+        resolved.extend(without_logprobs([found]))
+    return resolved
 
 
 async def _replay(store: ScopedStore | None, response_id: str) -> list[Item]:

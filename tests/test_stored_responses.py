@@ -482,3 +482,75 @@ async def test_a_failing_store_never_costs_the_answer_and_reads_say_503(aiohttp_
     with pytest.raises(openai.InternalServerError) as down:
         await stack.client.responses.retrieve(created.id)
     assert down.value.status_code == 503 and down.value.code == "store_unavailable"
+
+
+# --- item_reference -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    if request.param == "memory":
+        return {"backend": "memory"}
+    if request.param == "sqlite":
+        return {"backend": "sqlite", "path": str(tmp_path / "responses.sqlite3")}
+    return _redis_store(request.getfixturevalue("redis_url"))
+
+
+async def test_item_reference_is_replaced_by_the_stored_item(aiohttp_server, vocab, any_store):
+    """What the AI SDK sends by default (store: true): earlier output items by id, not by content."""
+    stack = await start_stack(aiohttp_server, vocab, store=any_store, replies=REPLIES)
+    first = await stack.client.responses.create(model=stack.model, input="hello", include=LOGPROBS)
+    [message] = first.output
+    [asked] = (await stack.client.responses.input_items.list(first.id)).data
+    second = await stack.client.responses.create(model=stack.model, store=False, input=[
+        {"type": "item_reference", "id": asked.id}, {"type": "item_reference", "id": message.id},
+        {"role": "user", "content": "and then?"}])
+    assert second.output_text == "Then more."
+    assert (await _received_messages(stack))[-1] == [
+        {"role": "user", "content": "hello"}, {"role": "assistant", "content": "Hi there."},
+        {"role": "user", "content": "and then?"}]
+    # OpenAI's short form (an id alone); a stored turn keeps the items themselves, under their ids.
+    third = await stack.client.responses.create(model=stack.model, input=[
+        {"id": message.id}, {"role": "user", "content": "last one"}])
+    listed = (await stack.client.responses.input_items.list(third.id, order="asc")).data
+    assert listed[0].id == message.id and len(listed) == 2
+    assert listed[0].content[0].text == "Hi there." and listed[0].content[0].logprobs == []
+
+
+async def test_item_reference_to_an_unknown_item_names_its_index_and_id(aiohttp_server, vocab, any_store):
+    stack = await start_stack(aiohttp_server, vocab, store=any_store, replies=REPLIES)
+    with pytest.raises(openai.BadRequestError) as bad:
+        await stack.client.responses.create(model=stack.model, input=[
+            {"role": "user", "content": "hello"}, {"type": "item_reference", "id": "msg_nope"}])
+    assert bad.value.param == "input[1]" and bad.value.code == "item_not_found"
+    assert "msg_nope" in bad.value.body["message"] and "input[1]" in bad.value.body["message"]
+    assert await _received_messages(stack) == []
+
+
+async def test_item_reference_is_per_api_key(aiohttp_server, vocab, any_store, monkeypatch):
+    monkeypatch.setenv("GATEWAY_TEST_KEYS", "key-a,key-b")
+    stack = await start_stack(aiohttp_server, vocab, store=any_store, replies=REPLIES,
+                              auth={"api_keys_env": "GATEWAY_TEST_KEYS"}, api_key="key-a")
+    mine = await stack.client.responses.create(model=stack.model, input="hello")
+    reference = [{"type": "item_reference", "id": mine.output[0].id}, {"role": "user", "content": "and then?"}]
+    with pytest.raises(openai.BadRequestError) as bad:
+        await stack.client.with_options(api_key="key-b").responses.create(model=stack.model, input=reference)
+    assert bad.value.code == "item_not_found"
+    assert (await stack.client.responses.create(model=stack.model, input=reference)).output_text == "Then more."
+
+
+async def test_item_reference_goes_with_its_pruned_response(aiohttp_server, vocab, any_store):
+    stack = await start_stack(aiohttp_server, vocab, store={**any_store, "max_responses": 1}, replies=REPLIES)
+    old = await stack.client.responses.create(model=stack.model, input="hello")
+    await stack.client.responses.create(model=stack.model, input="last one")
+    with pytest.raises(openai.BadRequestError) as bad:
+        await stack.client.responses.create(model=stack.model, input=[{"type": "item_reference",
+                                                                       "id": old.output[0].id}])
+    assert bad.value.code == "item_not_found"
+
+
+async def test_item_reference_without_a_store_says_so(aiohttp_server, vocab):
+    stack = await start_stack(aiohttp_server, vocab, store={"backend": "none"}, replies=REPLIES)
+    with pytest.raises(openai.BadRequestError) as bad:
+        await stack.client.responses.create(model=stack.model, input=[{"type": "item_reference", "id": "msg_1"}])
+    assert bad.value.param == "input[0]" and "store.backend is none" in bad.value.body["message"]

@@ -41,6 +41,9 @@ class ResponseStore(Protocol):
     async def delete(self, response_id: str) -> bool:
         """Forget the Response; False when there was nothing to delete."""
 
+    async def item_owner(self, item_key: str) -> str | None:
+        """The id of the Response whose output or input items hold the item (`item_keys`), or None."""
+
 
 class ScopedStore:
     """One caller's view of a store: what a caller saves, only the same caller finds again.
@@ -77,6 +80,28 @@ class ScopedStore:
 
     async def delete(self, response_id: str) -> bool:
         return await self.store.delete(self._key(response_id))
+
+    async def find_item(self, item_id: str) -> Item | None:
+        """An item this caller's stored Responses hold (an output item, or an input item), by its id:
+        what an `item_reference` names. None when unknown, or gone with its Response."""
+        owner = await self.store.item_owner(self._key(item_id))
+        if owner is None:
+            return None
+        response = await self.store.get(owner)
+        items = await self.store.input_items(owner)
+        for item in [*((response or {}).get("output") or []), *(items or [])][::-1]:
+            if item.get("id") == item_id:
+                return item
+        return None
+
+
+def item_keys(response: dict[str, Any], input_items: list[Item]) -> list[str]:
+    """The keys a Response's items are found by: each item's id, in the caller's scope as the Response's
+    own key is (`<tag>/<item id>` when the Response is kept under `<tag>/<id>`, see ScopedStore)."""
+    key = response["id"]
+    scope = key[: key.rfind("/") + 1]
+    ids = [item.get("id") for item in (*input_items, *(response.get("output") or []))]
+    return list(dict.fromkeys(scope + item_id for item_id in ids if isinstance(item_id, str) and item_id))
 
 
 def caller_tag(api_key: str) -> str:

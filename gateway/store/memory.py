@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from gateway.store import Item
+from gateway.store import Item, item_keys
 
 
 class MemoryStore:
@@ -21,12 +21,14 @@ class MemoryStore:
         self.max_responses = max_responses
         self._clock = clock
         self._entries: OrderedDict[str, tuple[float, dict[str, Any], list[Item], bytes | None]] = OrderedDict()
+        self._items: dict[str, str] = {}  # item key -> the response id that holds it (store.item_keys)
 
     async def open(self) -> None:
         pass
 
     async def close(self) -> None:
         self._entries.clear()
+        self._items.clear()
 
     async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None) -> None:
         now = self._clock()
@@ -36,12 +38,23 @@ class MemoryStore:
         # The response through JSON, as the other backends store it: its logprobs may be pre-serialized
         # JSON (orjson.Fragment), which copy.deepcopy cannot copy.
         self._entries[response_id] = (now, orjson.loads(orjson.dumps(response)), copy.deepcopy(input_items), events)
+        for key in item_keys(response, input_items):
+            self._items[key] = response_id
         cutoff = now - self.ttl_seconds
         while self._entries:
             oldest_id, (saved_at, *_) = next(iter(self._entries.items()))
             if saved_at >= cutoff and len(self._entries) <= self.max_responses:
                 break
-            del self._entries[oldest_id]
+            self._forget(oldest_id)
+
+    def _forget(self, response_id: str) -> bool:
+        entry = self._entries.pop(response_id, None)
+        if entry is None:
+            return False
+        for key in item_keys(entry[1], entry[2]):
+            if self._items.get(key) == response_id:  # not an item a later Response holds too
+                del self._items[key]
+        return True
 
     def _live(self, response_id: str) -> tuple[float, dict[str, Any], list[Item], bytes | None] | None:
         entry = self._entries.get(response_id)
@@ -62,4 +75,8 @@ class MemoryStore:
         return orjson.loads(entry[3]) if entry and entry[3] is not None else None
 
     async def delete(self, response_id: str) -> bool:
-        return self._entries.pop(response_id, None) is not None
+        return self._forget(response_id)
+
+    async def item_owner(self, item_key: str) -> str | None:
+        owner = self._items.get(item_key)
+        return owner if owner is not None and self._live(owner) is not None else None

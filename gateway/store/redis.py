@@ -1,5 +1,7 @@
 """Redis store: one conversation served by several gateway replicas.
 
+Each stored item's id (store.item_keys) is a string key `<prefix>item:<key>` holding its response's
+id, with the same TTL: an `item_reference` is two reads.
 Each Response is one hash (`response`, `input_items`) under `<prefix>response:<id>` with a TTL, so
 Redis itself enforces the age limit. A sorted set `<prefix>index` (score: save time in ms) caps the
 count: a save that takes it past `max_responses` pops the oldest ids (ZPOPMIN is atomic, so two
@@ -16,7 +18,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.store import Item, StoreError
+from gateway.store import Item, StoreError, item_keys
 
 
 class RedisStore:
@@ -29,6 +31,9 @@ class RedisStore:
 
     def _key(self, response_id: str) -> str:
         return f"{self.key_prefix}response:{response_id}"
+
+    def _item_key(self, item_key: str) -> str:
+        return f"{self.key_prefix}item:{item_key}"
 
     @property
     def _index(self) -> str:
@@ -62,6 +67,9 @@ class RedisStore:
             pipe.delete(key)  # a save replaces the whole entry (no events left from before)
             pipe.hset(key, mapping=fields if events is None else {**fields, "events": events})
             pipe.expire(key, self.ttl_seconds)
+            # Where each item is (an item_reference names it); a pruned response's entries find nothing.
+            for item_key in item_keys(response, input_items):
+                pipe.set(self._item_key(item_key), response_id, ex=self.ttl_seconds)
             pipe.zadd(self._index, {response_id: now_ms})
             # Index entries whose hash has expired already.
             pipe.zremrangebyscore(self._index, "-inf", now_ms - self.ttl_seconds * 1000)
@@ -85,6 +93,10 @@ class RedisStore:
 
     async def events(self, response_id: str) -> list[dict[str, Any]] | None:
         return await self._field(response_id, "events")
+
+    async def item_owner(self, item_key: str) -> str | None:
+        owner = await self.client.get(self._item_key(item_key))
+        return None if owner is None else owner.decode()
 
     async def delete(self, response_id: str) -> bool:
         async with self.client.pipeline(transaction=True) as pipe:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from gateway.store import Item, StoreError
+from gateway.store import Item, StoreError, item_keys
 
 T = TypeVar("T")
 
@@ -33,6 +33,12 @@ CREATE TABLE IF NOT EXISTS responses (
     events BLOB                      -- a background response's stream events, JSON array
 );
 CREATE INDEX IF NOT EXISTS responses_saved_at ON responses (saved_at);
+-- Where each stored item is (an item_reference names it); rows go with their response.
+CREATE TABLE IF NOT EXISTS items (
+    key TEXT PRIMARY KEY,            -- the item's id in its caller's scope (store.item_keys)
+    response_id TEXT NOT NULL REFERENCES responses (id) ON DELETE CASCADE
+);
+CREATE INDEX IF NOT EXISTS items_response_id ON items (response_id);
 """
 
 
@@ -68,6 +74,7 @@ class SQLiteStore:
         db = sqlite3.connect(self.path, isolation_level=None, timeout=10.0)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA foreign_keys=ON")  # pruning a response drops its item rows
         db.executescript(_SCHEMA)
         columns = {row[1] for row in db.execute("PRAGMA table_info(responses)")}
         if "events" not in columns:  # a file made before background responses
@@ -95,15 +102,21 @@ class SQLiteStore:
 
     async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None) -> None:
         # Serialized here, on the loop, so the handler's dicts are never read from another thread.
-        await self._run(self._save, response["id"], orjson.dumps(response), orjson.dumps(input_items), events)
+        await self._run(self._save, response["id"], orjson.dumps(response), orjson.dumps(input_items), events,
+                        item_keys(response, input_items))
 
-    def _save(self, response_id: str, response: bytes, input_items: bytes, events: bytes | None) -> None:
+    def _save(self, response_id: str, response: bytes, input_items: bytes, events: bytes | None,
+              keys: list[str]) -> None:
         now = self._clock()
         db = self._conn
         db.execute("BEGIN IMMEDIATE")
         try:
-            db.execute("INSERT OR REPLACE INTO responses (id, saved_at, response, input_items, events) "
+            # Deleted first, not replaced: REPLACE's implicit delete is not a DELETE for the item rows' cascade.
+            db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+            db.execute("INSERT INTO responses (id, saved_at, response, input_items, events) "
                        "VALUES (?, ?, ?, ?, ?)", (response_id, now, response, input_items, events))
+            db.executemany("INSERT OR REPLACE INTO items (key, response_id) VALUES (?, ?)",
+                           [(key, response_id) for key in keys])
             db.execute("DELETE FROM responses WHERE saved_at < ?", (now - self.ttl_seconds,))
             # Everything older than the newest max_responses rows.
             db.execute("DELETE FROM responses WHERE seq <= (SELECT seq FROM responses ORDER BY seq DESC "
@@ -129,6 +142,15 @@ class SQLiteStore:
 
     async def delete(self, response_id: str) -> bool:
         return await self._run(self._delete, response_id)
+
+    async def item_owner(self, item_key: str) -> str | None:
+        return await self._run(self._item_owner, item_key)
+
+    def _item_owner(self, item_key: str) -> str | None:
+        row = self._conn.execute("SELECT items.response_id FROM items JOIN responses ON responses.id = "
+                                 "items.response_id WHERE items.key = ? AND responses.saved_at >= ?",
+                                 (item_key, self._clock() - self.ttl_seconds)).fetchone()
+        return None if row is None else row[0]
 
     def _delete(self, response_id: str) -> bool:
         return self._conn.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
