@@ -654,6 +654,30 @@ INVALID_REQUESTS = {
 }
 
 
+def test_item_reference_and_codex_items_are_accepted_in_the_sdk_shapes() -> None:
+    """OpenAI's SDK types (and the Open Responses spec's `ItemReferenceParam`) define these; the gateway
+    used to refuse `item_reference`. The SDK's own param types build them here."""
+    items = [
+        openai.types.responses.response_input_item_param.ItemReference(type="item_reference", id="msg_1"),
+        openai.types.responses.ResponseCustomToolCallParam(type="custom_tool_call", call_id="call_1",
+                                                           name="apply_patch", input="*** Begin Patch"),
+        openai.types.responses.ResponseCustomToolCallOutputParam(type="custom_tool_call_output", call_id="call_1",
+                                                                 output="done"),
+        openai.types.responses.ResponseFunctionToolCallParam(type="function_call", call_id="call_2",
+                                                             name="spawn_agent", arguments="{}",
+                                                             namespace="multi_agent_v1"),
+    ]
+    tools = [{"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.",
+              "tools": [{"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}]},
+             {"type": "custom", "name": "apply_patch", "format": {"type": "grammar", "syntax": "lark",
+                                                                  "definition": "start: /.+/"}},
+             {"type": "web_search", "external_web_access": False}]
+    request = CreateResponseRequest.model_validate({"model": "m", "input": items, "tools": tools})
+    assert [item.type for item in request.input] == ["item_reference", "custom_tool_call",
+                                                     "custom_tool_call_output", "function_call"]
+    assert [tool.type for tool in request.tools] == ["namespace", "custom", "web_search"]
+
+
 @pytest.mark.parametrize(("body", "param", "code"), INVALID_REQUESTS.values(), ids=INVALID_REQUESTS.keys())
 def test_invalid_request_maps_to_openai_error(body: dict[str, Any], param: str, code: str) -> None:
     with pytest.raises(ValidationError) as caught:
