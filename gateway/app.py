@@ -807,9 +807,10 @@ async def _on_cleanup(app: web.Application) -> None:
         await state.session.close()
 
 
-def create_app(config: Config) -> web.Application:
-    """Build the app; tokenizers and templates load here, so a bad config fails before serving."""
-    state = GatewayState(config, build_routes(config))
+def create_app(config: Config, routes: dict[str, Route] | None = None) -> web.Application:
+    """Build the app; tokenizers and templates load here (unless `routes` built from `config` are
+    given), so a bad config fails before serving."""
+    state = GatewayState(config, build_routes(config) if routes is None else routes)
     api_keys = load_api_keys(config)
     middlewares = [
         request_context,

@@ -20,6 +20,7 @@ from gateway.config import Config, ConfigError, load_config, parse_config
 from gateway.memory import idle_trim_seconds, install_idle_trim, release_free_memory, upstream_read_bufsize
 
 if TYPE_CHECKING:
+    from gateway.logprobs.vocab import Vocab
     from schemas.responses import Response
 
 
@@ -27,8 +28,14 @@ class DemoError(RuntimeError):
     """The demo's own request failed: printed as one line."""
 
 
+def print_tokenizer_loaded(model: str, vocab: Vocab, seconds: float) -> None:
+    """The start-up progress line of one model's tokenizer (a large one takes seconds)."""
+    print(f"tokenizer of {model}: {vocab.name} ({len(vocab):,} tokens) loaded in {seconds:.2f} s", flush=True)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from gateway.app import STATE, create_app
+    from gateway.routing import build_routes
 
     try:
         idle_trim = idle_trim_seconds(os.environ)
@@ -38,7 +45,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     try:
         config = load_config(args.config)
-        app = create_app(config)
+        app = create_app(config, build_routes(config, on_tokenizer=print_tokenizer_loaded))
         # Start-up objects (tokenizer tables, templates) live forever: keep the collector off them.
         gc.freeze()
         # And hand back the memory that loading them freed (~36 MB with the Qwen2 tokenizer).
@@ -49,7 +56,7 @@ def _serve(args: argparse.Namespace) -> int:
     # The same after each burst of requests, once none is in flight (~45 MB after 256 streams).
     state = app[STATE]
     install_idle_trim(app, lambda: state.in_flight > 0, idle_trim)
-    from gateway.server import configure_logging, serve
+    from gateway.server import ListenError, configure_logging, serve
 
     configure_logging(config.logging.level)
     host = args.host or config.listen.host
@@ -61,7 +68,11 @@ def _serve(args: argparse.Namespace) -> int:
         pass
     else:
         run = getattr(uvloop, "run", run)  # uvloop.run needs uvloop >= 0.18
-    run(serve(app, host, port, config.shutdown.grace_seconds))
+    try:
+        run(serve(app, host, port, config.shutdown.grace_seconds))
+    except ListenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -74,13 +85,12 @@ DEMO_REQUEST = {
 }
 
 
-async def _start(app: web.Application) -> tuple[web.AppRunner, int]:
+async def _start(app: web.Application, port: int = 0) -> tuple[web.AppRunner, int]:
+    from gateway.server import listen
+
     runner = web.AppRunner(app, handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, port
+    return runner, await listen(runner, "127.0.0.1", port)
 
 
 def demo_config(upstream_port: int, model: str, tokenizer: dict[str, str], api: str, *,
@@ -114,7 +124,12 @@ async def _demo(args: argparse.Namespace) -> int:
         tokenizer = {"builtin": "demo"}
     # With --keep-running a person watches the playground: let the tokens arrive at a visible pace.
     sim_runner, sim_port = await _start(create_simulator(vocab, model, step_delay_ms=40 if args.keep_running else 0))
-    gw_runner, gw_port = await _start(create_app(demo_config(sim_port, model, tokenizer, args.api, playground=True)))
+    try:
+        gw_app = create_app(demo_config(sim_port, model, tokenizer, args.api, playground=True))
+        gw_runner, gw_port = await _start(gw_app, args.port)
+    except BaseException:
+        await sim_runner.cleanup()
+        raise
     try:
         print(f"vLLM-dialect simulator (no model: scripted text, synthetic logprobs) on :{sim_port}, "
               f"{args.api} API, tokenizer {vocab.name!r}")
@@ -193,44 +208,97 @@ def _inspect(args: argparse.Namespace) -> int:
     return 1 if inspection.status == "failed" else 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="responses-gateway")
-    commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run the gateway")
-    serve.add_argument("--config", required=True, type=Path)
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    demo = commands.add_parser("demo", help="offline demo: simulator upstream + gateway + OpenAI SDK")
-    demo.add_argument("--api", choices=["chat", "completions"], default="chat")
-    demo.add_argument("--qwen2-dir", type=Path, help="folder with Qwen2 vocab.json + merges.txt")
-    demo.add_argument("--keep-running", action="store_true", help="keep serving (and the playground) until Ctrl-C")
-    check = commands.add_parser("check-config", help="validate a config, load tokenizers, probe upstreams")
-    check.add_argument("config", type=Path)
-    check.add_argument("--timeout", type=float, default=5.0, help="seconds per upstream probe")
-    inspect = commands.add_parser("inspect", help="stream a prompt through a running gateway; show every token's "
-                                  "probability, bytes and alternatives")
-    inspect.add_argument("prompt")
-    inspect.add_argument("--model", required=True)
+DESCRIPTION = """\
+The OpenAI Responses API (and /v1/chat/completions, /v1/completions) in front of chat/completions
+inference servers (vLLM, TGI, SGLang, llama.cpp, OpenAI-compatible), with exact per-token logprob bytes.
+Start with `responses-gateway demo` (no model, no network); `responses-gateway COMMAND --help` for more."""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("responses-gateway")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        from gateway import __version__
+
+        return __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="responses-gateway", description=DESCRIPTION, formatter_class=formatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser(
+        "serve", help="run the gateway with a config file",
+        description="Run the gateway: load every tokenizer and template of the config (a bad one stops it here, "
+                    "naming the key), then listen. SIGTERM and Ctrl-C drain: /readyz turns 503, in-flight "
+                    "requests finish within shutdown.grace_seconds.")
+    serve.add_argument("--config", required=True, type=Path, metavar="PATH",
+                       help="the YAML config (config.example.yaml documents every key)")
+    serve.add_argument("--host", help="address to listen on (default: the config's listen.host, else 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to listen on (default: the config's listen.port, else 8080)")
+
+    demo = commands.add_parser(
+        "demo", help="offline demo: a simulated vLLM upstream, the gateway, one request printed as a table",
+        description="Start a vLLM-dialect simulator (scripted text, synthetic logprobs, no model) and the gateway "
+                    "in front of it on 127.0.0.1, send one /v1/responses request and print its tokens: bytes, "
+                    "probability, alternatives. Needs no network.")
+    demo.add_argument("--api", choices=["chat", "completions"], default="chat",
+                      help="which API of the simulator the gateway talks to (default: %(default)s)")
+    demo.add_argument("--port", type=int, default=0,
+                      help="the gateway's port (default: any free one); the simulator always takes a free one")
+    demo.add_argument("--qwen2-dir", type=Path, metavar="DIR",
+                      help="a folder with Qwen2's vocab.json + merges.txt: use its real tokenizer instead of the "
+                           "demo's small one")
+    demo.add_argument("--keep-running", action="store_true",
+                      help="keep serving (with the /playground page) until Ctrl-C")
+
+    check = commands.add_parser(
+        "check-config", help="validate a config, load its tokenizers and templates, probe its upstreams",
+        description="Validate a config file, load every tokenizer and chat template, probe every upstream URL, "
+                    "and print one line per check (ok / FAIL). Exits 1 when any check fails, 0 otherwise.")
+    check.add_argument("config", type=Path, metavar="PATH", help="the YAML config to check")
+    check.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+                       help="seconds per upstream probe (default: %(default)s)")
+
+    inspect = commands.add_parser(
+        "inspect", help="stream a prompt through a running gateway; show every token's probability, bytes and "
+                        "alternatives",
+        description="Send PROMPT to a running gateway's /v1/responses (streamed, with logprobs) and show each "
+                    "token as it arrives, then a report: probabilities, exact bytes, ranked alternatives.")
+    inspect.add_argument("prompt", help="the input text")
+    inspect.add_argument("--model", required=True, help="a model name the gateway serves")
     inspect.add_argument("--base-url", default="http://127.0.0.1:8080", help="the gateway (default: %(default)s)")
     inspect.add_argument("--top-logprobs", type=int, default=5, help="alternatives per token (default: %(default)s)")
-    inspect.add_argument("--max-output-tokens", type=int, default=64, help="(default: %(default)s)")
-    inspect.add_argument("--instructions")
-    inspect.add_argument("--temperature", type=float)
+    inspect.add_argument("--max-output-tokens", type=int, default=64,
+                         help="stop after this many tokens (default: %(default)s)")
+    inspect.add_argument("--instructions", help="a system message sent with the prompt")
+    inspect.add_argument("--temperature", type=float, help="sampling temperature (default: the server's)")
     inspect.add_argument("--api-key", help="sent as a Bearer token, if the gateway asks for one")
-    inspect.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    inspect.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                         help="shade tokens by probability (default: %(default)s: on a terminal without NO_COLOR)")
     inspect.add_argument("--json", action="store_true", help="print the view as JSON, for scripts")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
     if args.command == "check-config":
         return _check_config(args)
     if args.command == "inspect":
         return _inspect(args)
+    from gateway.server import ListenError
+
     try:
         return asyncio.run(_demo(args))
     except KeyboardInterrupt:  # the end of `demo --keep-running`
         return 0
-    except DemoError as exc:
+    except (DemoError, ListenError) as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 1
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -78,16 +79,29 @@ class Upstream(_Strict):
         return [url.rstrip("/") for url in urls]
 
 
+TOKENIZER_FORMS_HINT = ("{hf: Qwen/Qwen2-0.5B} (a Hub repository), {directory: /models/qwen} (a model folder) "
+                        "or {file: tokenizer.json}")
+
+
 class Model(_Strict):
     upstream: str
     upstream_model: str | None = None
-    tokenizer: dict[str, str] | None = None
+    # A mapping naming one form ({hf: ...}, {directory: ...}, {file: ...}, ...); its keys and values
+    # are checked by gateway.logprobs.vocab.load_vocab, where each form's options are known.
+    tokenizer: dict[str, Any] | None = None
     chat_template: str | None = None
     aliases: list[str] = Field(default_factory=list)  # more names clients may send
     # Tools only OpenAI can run (web_search, file_search, code_interpreter, mcp, ...): `drop` leaves them
     # out of the upstream request (counted, and named in a response header and the access log);
     # `refuse` answers 400.
     hosted_tools: Literal["drop", "refuse"] = "drop"
+
+    @field_validator("tokenizer", mode="before")
+    @classmethod
+    def _tokenizer_is_a_mapping(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError(f"a tokenizer is a mapping, not the string {value!r}; write {TOKENIZER_FORMS_HINT}")
+        return value
 
 
 class Auth(_Strict):
@@ -201,17 +215,45 @@ def _key_path(location: tuple[Any, ...]) -> str:
     return ".".join(str(part) for part in location) or "(top level)"
 
 
+def _keys_at(location: tuple[Any, ...]) -> list[str]:
+    """The keys the config accepts in the section that holds `location`'s last part."""
+    section: Any = Config
+    for part in location[:-1]:
+        if get_origin(section) is dict:  # a named entry (upstreams.NAME, models.NAME): its value type
+            section = get_args(section)[1]
+        elif isinstance(section, type) and issubclass(section, BaseModel) and str(part) in section.model_fields:
+            section = section.model_fields[str(part)].annotation
+            if get_origin(section) is not dict:  # `X | None`: X
+                models = [arg for arg in get_args(section) if isinstance(arg, type) and issubclass(arg, BaseModel)]
+                section = models[0] if models else section
+        else:
+            return []
+    if isinstance(section, type) and issubclass(section, BaseModel):
+        return [name for name, info in section.model_fields.items() if not info.exclude]
+    return []
+
+
+def _did_you_mean(location: tuple[Any, ...]) -> str:
+    known = _keys_at(location)
+    close = difflib.get_close_matches(str(location[-1]), known, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return f" (known keys: {', '.join(known)})" if known else ""
+
+
 def parse_config(data: Any, base_dir: Path) -> Config:
     if not isinstance(data, dict):
         raise ConfigError("config must be a mapping with upstreams: and models:")
     try:
         return Config.model_validate({**data, "base_dir": base_dir})
     except ValidationError as exc:
-        first = exc.errors()[0]
+        errors = exc.errors()
+        # A misspelt key also leaves the key it meant missing: the misspelling is the one to name.
+        first = next((error for error in errors if error["type"] == "extra_forbidden"), errors[0])
         location = _key_path(first["loc"])
         message = first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
-            message = "unknown key"
+            message = "unknown key" + _did_you_mean(first["loc"])
         # A validator over several fields names its key first ("api: ..."): make it part of the path.
         field_first = re.match(r"([a-z_]+): ", message)
         if first["type"] == "value_error" and field_first and not message.startswith("models."):

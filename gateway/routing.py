@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +50,11 @@ def outlier(upstream: Upstream) -> Outlier:
                    upstream.max_ejection_percent, upstream.health_interval)
 
 
-def build_routes(config: Config) -> dict[str, Route]:
+#: Told after each model's tokenizer is loaded: (model, vocabulary, seconds the load took).
+TokenizerLoaded = Callable[[str, Vocab, float], None]
+
+
+def build_routes(config: Config, on_tokenizer: TokenizerLoaded | None = None) -> dict[str, Route]:
     """Load every model's tokenizer and template now, so a bad one fails at start.
 
     An HF vocabulary lets its Tokenizer go once its tables are built; routes that encode per
@@ -62,6 +68,7 @@ def build_routes(config: Config) -> dict[str, Route]:
     for name, model in config.models.items():
         vocab = None
         tokenizer_dir = None
+        started = time.perf_counter()
         if model.tokenizer == {"builtin": "demo"}:
             from gateway.logprobs.demo_vocab import build_demo_vocab
 
@@ -76,6 +83,8 @@ def build_routes(config: Config) -> dict[str, Route]:
         upstream = config.upstreams[model.upstream]
         if isinstance(vocab, HFVocab) and encodes_per_request(upstream):
             vocab.require_encoder()  # loaded now: a reload would stall the event loop on a request
+        if vocab is not None and on_tokenizer is not None:
+            on_tokenizer(name, vocab, time.perf_counter() - started)
         template = _load_template(config, name, model.chat_template, tokenizer_dir)
         route = Route(name, model.upstream, upstream, model.upstream_model or name, vocab, template,
                       replica_sets[model.upstream], model.hosted_tools)

@@ -8,7 +8,9 @@ running is cancelled (which drops its upstream connection, so the GPU stops too)
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
 import signal
 import sys
 import time
@@ -38,12 +40,29 @@ def configure_logging(level: str) -> None:
     root.propagate = False
 
 
+class ListenError(RuntimeError):
+    """The address cannot be listened on (in use, not this host's, a privileged port): one line for the user."""
+
+
+async def listen(runner: web.AppRunner, host: str, port: int) -> int:
+    """Start `runner` on host:port (0: any free port); the port it got. Cleans the runner up on failure."""
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        if exc.errno == errno.EADDRINUSE:
+            reason += " (another process listens there: stop it, or pick another port with --port)"
+        raise ListenError(f"cannot listen on {host}:{port}: {reason}") from None
+    return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
 async def serve(app: web.Application, host: str, port: int, grace_seconds: float) -> None:
     state = app[STATE]
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
+    port = await listen(runner, host, port)
     print(f"responses-gateway on http://{host}:{port} ({len(state.config.models)} models)", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
