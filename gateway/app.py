@@ -72,6 +72,7 @@ class GatewayState:
     in_flight: int = 0
     started_at: int = field(default_factory=lambda: int(time.time()))
     probes: list[asyncio.Task] = field(default_factory=list)
+    health_checks: list[asyncio.Task] = field(default_factory=list)  # per replica set (start_probes)
     loop_lag: LoopLag = field(default_factory=LoopLag)  # a timeout while the loop was stalled is ours
 
 
@@ -784,6 +785,12 @@ async def _on_startup(app: web.Application) -> None:
     state.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=256),
                                           read_bufsize=upstream_read_bufsize(os.environ))
     state.probes.append(asyncio.create_task(state.loop_lag.run()))
+    start_probes(state)
+
+
+def start_probes(state: GatewayState) -> None:
+    """An active health check per replica set of the current routes (those with a health_interval)."""
+    assert state.session is not None
     seen: set[int] = set()
     for route in state.routes.values():
         if route.upstream.health_interval <= 0 or id(route.replicas) in seen:
@@ -792,17 +799,28 @@ async def _on_startup(app: web.Application) -> None:
         headers = {}
         if route.upstream.api_key_env and os.environ.get(route.upstream.api_key_env):
             headers["Authorization"] = f"Bearer {os.environ[route.upstream.api_key_env]}"
-        state.probes.append(asyncio.create_task(probe_forever(
+        state.health_checks.append(asyncio.create_task(probe_forever(
             route.replicas, state.session, route.upstream.health_path, route.upstream.health_interval, headers)))
+
+
+async def _cancel(tasks: list[asyncio.Task]) -> None:
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def stop_probes(state: GatewayState) -> None:
+    """Stop the health checks start_probes started (a reload starts the new routes' own)."""
+    checks, state.health_checks = state.health_checks, []
+    await _cancel(checks)
 
 
 async def _on_cleanup(app: web.Application) -> None:
     state = app[STATE]
-    for task in state.probes:
-        task.cancel()
-    for task in state.probes:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await stop_probes(state)
+    await _cancel(state.probes)
     if state.session is not None:
         await state.session.close()
 

@@ -56,6 +56,7 @@ def _serve(args: argparse.Namespace) -> int:
     # The same after each burst of requests, once none is in flight (~45 MB after 256 streams).
     state = app[STATE]
     install_idle_trim(app, lambda: state.in_flight > 0, idle_trim)
+    from gateway.reload import Reloader
     from gateway.server import ListenError, configure_logging, serve
 
     configure_logging(config.logging.level)
@@ -68,8 +69,9 @@ def _serve(args: argparse.Namespace) -> int:
         pass
     else:
         run = getattr(uvloop, "run", run)  # uvloop.run needs uvloop >= 0.18
+    reloader = Reloader(app, args.config, on_tokenizer=print_tokenizer_loaded)
     try:
-        run(serve(app, host, port, config.shutdown.grace_seconds))
+        run(serve(app, host, port, reloader))
     except ListenError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -235,7 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="run the gateway with a config file",
         description="Run the gateway: load every tokenizer and template of the config (a bad one stops it here, "
                     "naming the key), then listen. SIGTERM and Ctrl-C drain: /readyz turns 503, in-flight "
-                    "requests finish within shutdown.grace_seconds.")
+                    "requests finish within shutdown.grace_seconds. SIGHUP reads the config again: new requests "
+                    "take its models and upstreams, in-flight ones finish on the old (listen, store, auth, limits "
+                    "and playground change only with a restart); a config that does not load is logged and the "
+                    "running one kept.")
     serve.add_argument("--config", required=True, type=Path, metavar="PATH",
                        help="the YAML config (config.example.yaml documents every key)")
     serve.add_argument("--host", help="address to listen on (default: the config's listen.host, else 127.0.0.1)")

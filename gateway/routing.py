@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,16 +54,20 @@ def outlier(upstream: Upstream) -> Outlier:
 TokenizerLoaded = Callable[[str, Vocab, float], None]
 
 
-def build_routes(config: Config, on_tokenizer: TokenizerLoaded | None = None) -> dict[str, Route]:
+def build_routes(config: Config, on_tokenizer: TokenizerLoaded | None = None,
+                 replica_sets: Mapping[str, ReplicaSet] | None = None) -> dict[str, Route]:
     """Load every model's tokenizer and template now, so a bad one fails at start.
 
     An HF vocabulary lets its Tokenizer go once its tables are built; routes that encode per
     request keep it loaded from the start (`HFVocab.require_encoder`).
 
     Aliases map to the same route; replicas are shared per upstream so load balancing and
-    health see all of an upstream's traffic.
+    health see all of an upstream's traffic. `replica_sets` are existing ones to keep for those
+    upstreams (a reload whose upstream did not change keeps its health and in-flight counts).
     """
-    replica_sets = {name: ReplicaSet(u.urls, name=name, outlier=outlier(u)) for name, u in config.upstreams.items()}
+    given = replica_sets or {}
+    replica_sets = {name: given[name] if name in given else ReplicaSet(u.urls, name=name, outlier=outlier(u))
+                    for name, u in config.upstreams.items()}
     routes: dict[str, Route] = {}
     for name, model in config.models.items():
         vocab = None

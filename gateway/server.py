@@ -1,4 +1,4 @@
-"""Running the app: listen, and on SIGTERM drain gracefully.
+"""Running the app: listen, on SIGHUP reload the config (gateway.reload), on SIGTERM drain gracefully.
 
 Draining: /readyz turns 503 (load balancers stop sending), new /v1 requests get 503, in-flight
 streams may finish until the grace deadline; then the server stops and whatever is still
@@ -18,6 +18,7 @@ import time
 from aiohttp import web
 
 from gateway.app import STATE
+from gateway.reload import Reloader
 
 log = logging.getLogger("responses_gateway")
 
@@ -58,7 +59,9 @@ async def listen(runner: web.AppRunner, host: str, port: int) -> int:
     return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
 
-async def serve(app: web.Application, host: str, port: int, grace_seconds: float) -> None:
+async def serve(app: web.Application, host: str, port: int, reloader: Reloader | None = None) -> None:
+    """Listen until SIGTERM or SIGINT, then drain. SIGHUP reloads the config through `reloader`;
+    without one it drains like SIGTERM (never the default action, which kills in-flight streams)."""
     state = app[STATE]
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
     await runner.setup()
@@ -68,8 +71,12 @@ async def serve(app: web.Application, host: str, port: int, grace_seconds: float
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, stop.set if reloader is None else reloader.request)
     await stop.wait()
+    if reloader is not None:
+        await reloader.cancel()  # a reload not yet swapped in is dropped
     state.draining = True
+    grace_seconds = state.config.shutdown.grace_seconds  # as reloaded
     deadline = time.monotonic() + grace_seconds
     log.info('{"event":"draining","in_flight":%d,"grace_seconds":%s}', state.in_flight, grace_seconds)
     while state.in_flight > 0 and time.monotonic() < deadline:

@@ -786,6 +786,11 @@ def _special_tokens(spec: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(value.items()))
 
 
+def forget_loaded_vocabularies() -> None:
+    """Empty the load cache: the next `load_vocab` reads its files again (a config reload)."""
+    _load_resolved.cache_clear()
+
+
 @functools.cache
 def _load_resolved(form: str, target: str, options: tuple[tuple[str, Any], ...]) -> Vocab:
     opts = dict(options)
