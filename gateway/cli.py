@@ -178,7 +178,7 @@ def _print_table(response: Response) -> None:
 def _check_config(args: argparse.Namespace) -> int:
     from gateway.check_config import print_table, run_checks
 
-    rows, ok = run_checks(args.config, timeout=args.timeout)
+    rows, ok = run_checks(args.config, timeout=args.timeout, probe=args.probe)
     print_table(rows)
     return 0 if ok else 1
 
@@ -263,11 +263,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser(
         "check-config", help="validate a config, load its tokenizers and templates, probe its upstreams",
-        description="Validate a config file, load every tokenizer and chat template, probe every upstream URL, "
-                    "and print one line per check (ok / FAIL). Exits 1 when any check fails, 0 otherwise.")
+        description="Validate a config file, load every tokenizer and chat template, probe every upstream URL's "
+                    "health_path, then serve the config as `serve` would on a loopback port and send each model "
+                    "one real 1-token generation with logprobs and top_logprobs at the route's cap: a model the "
+                    "server does not serve, a cap above the server's, logprobs or token ids not returned, or a "
+                    "tokenizer that does not match the server's ids each fail, naming the model and the key to "
+                    "fix. Prints one line per check (ok / FAIL); exits 1 when any check fails, 0 otherwise.")
     check.add_argument("config", type=Path, metavar="PATH", help="the YAML config to check")
     check.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
-                       help="seconds per upstream probe (default: %(default)s)")
+                       help="seconds per upstream probe and per generation (default: %(default)s)")
+    check.add_argument("--no-probe", dest="probe", action="store_false",
+                       help="skip the generations: only validate, load, and probe each upstream's health_path")
 
     inspect = commands.add_parser(
         "inspect", help="stream a prompt through a running gateway; show every token's probability, bytes and "
