@@ -54,7 +54,7 @@ from gateway.translate.fronts import ChatFront, CompletionsFront, FrontTranslato
 from gateway.translate.generation import Generation
 from gateway.translate.grouping import TextMismatch
 from gateway.upstreams.base import Step, UpstreamCall, UpstreamFormatError
-from gateway.upstreams.dispatch import build_call, parse_options
+from gateway.upstreams.dispatch import build_call, bytes_precision, parse_options
 from gateway.upstreams.verdicts import UpstreamFault, UpstreamRejected, client_error, read_fault
 
 log = logging.getLogger("responses_gateway")
@@ -825,10 +825,22 @@ async def _on_cleanup(app: web.Application) -> None:
         await state.session.close()
 
 
+def _warn_per_character(routes: dict[str, Route]) -> None:
+    """Say at start-up which routes' logprob bytes are per character rather than per token."""
+    for name, route in routes.items():
+        if name != route.model:
+            continue  # an alias
+        precision, per_character = bytes_precision(route.upstream.dialect, route.upstream.api, route.vocab is not None)
+        if per_character:
+            log.warning(orjson.dumps({"event": "logprob_bytes_per_character", "model": name,
+                                      "upstream": route.upstream_name, "detail": precision}).decode())
+
+
 def create_app(config: Config, routes: dict[str, Route] | None = None) -> web.Application:
     """Build the app; tokenizers and templates load here (unless `routes` built from `config` are
     given), so a bad config fails before serving."""
     state = GatewayState(config, build_routes(config) if routes is None else routes)
+    _warn_per_character(state.routes)
     api_keys = load_api_keys(config)
     middlewares = [
         request_context,

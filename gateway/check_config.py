@@ -12,7 +12,7 @@ from aiohttp import web
 
 from gateway.config import Auth, Config, ConfigError, Store, load_config
 from gateway.routing import Route, build_routes
-from gateway.upstreams.dispatch import FLAVORS
+from gateway.upstreams.dispatch import FLAVORS, bytes_precision
 
 if TYPE_CHECKING:
     from gateway.app import GatewayState
@@ -50,9 +50,10 @@ def _model_rows(routes: dict[str, Route]) -> list[Row]:
         if name != route.model:
             continue  # an alias
         vocab = route.vocab
+        precision, per_character = bytes_precision(route.upstream.dialect, route.upstream.api, vocab is not None)
         rows.append(Row(f"model {name}", "tokenizer", True,
-                        f"{vocab.name} ({len(vocab)} tokens): exact bytes from ids" if vocab
-                        else "none: lossy strings repaired against the text only"))
+                        f"{vocab.name} ({len(vocab)} tokens)" if vocab else "none"))
+        rows.append(Row(f"model {name}", "logprob bytes", True, ("WARNING " if per_character else "") + precision))
         needs_template = route.upstream.api in ("completions", "generate")
         if needs_template:
             rows.append(Row(f"model {name}", "chat template", route.chat_template is not None,

@@ -52,6 +52,9 @@ class Metrics:
                                   "Completions dict keys two candidates shared, kept apart", labels, registry=r)
         self.sentinels = Counter("gateway_logprob_sentinels_mapped", "null/-inf/NaN logprobs mapped to -9999",
                                  labels, registry=r)
+        self.per_character = Counter("gateway_logprob_per_character_tokens",
+                                     "Split-character fragments spelled per character (no tokenizer: bytes unknowable)",
+                                     labels, registry=r)
         self.refused = Counter("gateway_requests_refused_unsupported",
                                "Requests refused because the route cannot serve them", ["model", "route", "param"],
                                registry=r)
@@ -92,15 +95,15 @@ class ReportCounters:
     every request of the route; whichever flushes counts them all.
     """
 
-    _NAMES = ("from_ids", "aligned", "ambiguous", "ambiguous_candidates", "collisions", "sentinels")
+    _NAMES = ("from_ids", "aligned", "ambiguous", "ambiguous_candidates", "collisions", "sentinels", "per_character")
 
     __slots__ = ("_children", "_labels", "_metrics", "_pending")
 
     def __init__(self, metrics: Metrics, model: str, upstream: str) -> None:
         self._metrics = metrics
         self._labels = (model, upstream)
-        self._children: list[Any] = [None] * 6
-        self._pending = [0] * 6
+        self._children: list[Any] = [None] * 7
+        self._pending = [0] * 7
 
     def count(self, report: TranslationReport | None) -> None:
         if report is not None:
@@ -123,6 +126,8 @@ class ReportCounters:
             pending[4] += report.collisions
         if report.sentinels:
             pending[5] += report.sentinels
+        if report.per_character:
+            pending[6] += report.per_character
 
     def flush(self) -> None:
         pending = self._pending

@@ -53,10 +53,15 @@ class Piece:
 
 @dataclass(frozen=True, slots=True)
 class Alignment:
-    """The bytes of each token, and which tokens' spans were not pinned down by the text."""
+    """The bytes of each token, and which tokens' spans were not pinned down by the text.
+
+    `per_character`: how many fragments (`""`) were spelled per character: with no tokenizer to say
+    how a character's bytes split across its tokens, the fragments carry only whole characters
+    (mostly none: b"") and the completing token the whole character, as vLLM spells them itself."""
 
     spans: list[bytes]
     ambiguous: frozenset[int]
+    per_character: int = 0
 
 
 def _is_boundary(text: bytes, pos: int) -> bool:
@@ -104,10 +109,43 @@ def _ends(piece: Piece, prev_is_fragment: bool, text: bytes, pos: int) -> Iterat
 
 
 def align(pieces: Sequence[Piece], text: bytes, vocab: Vocab | None = None) -> Alignment:
-    """Assign each piece its exact span of `text`; raise AlignmentError if no tiling exists."""
+    """Assign each piece its exact span of `text`; raise AlignmentError if no tiling exists.
+
+    Without a tokenizer, where the text leaves open how a character's bytes split across `""`
+    fragments and the token that completes it, the one honest spelling (`_per_character`) is used,
+    never a guess; other spans the text does not pin down are reported as ambiguous."""
     fast = _fast_path(pieces, text)
     if fast is not None:
         return Alignment(fast, frozenset())
+    found = _search(pieces, text, vocab)
+    return _per_character(pieces, found) if vocab is None and found.ambiguous else found
+
+
+def _per_character(pieces: Sequence[Piece], found: Alignment) -> Alignment:
+    """Each ambiguous run of `""` fragments and the token that completes them, spelled as vLLM itself
+    spells them: the fragments b"", the completing token the run's bytes (whole characters, with any
+    text the fragments held). The run's span is pinned by its unambiguous neighbours; only the split
+    inside it was a guess. Runs of any other shape stay ambiguous."""
+    spans = list(found.spans)
+    ambiguous = set(found.ambiguous)
+    spelled = 0
+    for start in sorted(found.ambiguous):
+        if start not in ambiguous or start - 1 in found.ambiguous:
+            continue  # not the start of a run
+        end = start
+        while end + 1 in found.ambiguous:
+            end += 1
+        run = pieces[start:end + 1]
+        if end == start or any(p.exact is not None or p.string != "" for p in run[:-1]) or run[-1].string == "":
+            continue
+        spans[end] = b"".join(spans[start:end + 1])
+        spans[start:end] = [b""] * (end - start)
+        ambiguous -= set(range(start, end + 1))
+        spelled += end - start
+    return Alignment(spans, frozenset(ambiguous), spelled) if spelled else found
+
+
+def _search(pieces: Sequence[Piece], text: bytes, vocab: Vocab | None) -> Alignment:
 
     count = len(pieces)
     # edges[i]: start position -> end positions for token i, kept only where the end is reachable.

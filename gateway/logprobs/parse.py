@@ -181,6 +181,8 @@ def _finish(entries: list[_Entry], text: str | None, options: ParseOptions, repo
             top = entry.top
             if reading.origin is Origin.AMBIGUOUS:
                 report.ambiguous_positions.append(index)  # its alternatives settle when it is aligned
+                if options.vocab is None and reading.string == "":
+                    report.per_character += 1  # what the stream's alignment will spell it (align.py)
             else:
                 top = settle_alternatives(top, data, entry.logprob, data, reading.token_id, reading.origin)
             tokens.append(Token(data, entry.logprob, top, reading.token_id, reading.special,
@@ -217,6 +219,7 @@ def _finish(entries: list[_Entry], text: str | None, options: ParseOptions, repo
     spans = dict(zip(visible, alignment.spans, strict=True))
     if not stop_string:
         spans.update(dangling)
+    report.per_character += alignment.per_character
     ambiguous = {visible[j] for j in alignment.ambiguous}
     for index, entry in enumerate(entries):
         reading = entry.reading

@@ -16,6 +16,9 @@ class TranslationReport:
     sentinels: int = 0  # null / -inf / NaN / float32-lowest logprobs mapped to -9999.0
     collisions: int = 0  # completions dict keys that two candidates shared, kept apart
     collisions_merged: int = 0  # ... that could not be kept apart (same bytes, no id)
+    # fragments spelled per character (no tokenizer: b"", the completing token the whole character);
+    # a stream counts each empty lossy entry as it comes, an end-of-sequence one included
+    per_character: int = 0
 
     def merge(self, other: TranslationReport) -> None:
         self.from_ids += other.from_ids
@@ -25,3 +28,4 @@ class TranslationReport:
         self.sentinels += other.sentinels
         self.collisions += other.collisions
         self.collisions_merged += other.collisions_merged
+        self.per_character += other.per_character

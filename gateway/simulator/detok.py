@@ -41,6 +41,45 @@ class TokenStrings:
         return text
 
 
+class ContextualTokenStrings:
+    """vLLM 0.32's logprob token strings (sampled and alternatives alike), read from its source
+    (`vllm/v1/engine/logprobs.py`, `LogprobsProcessor._verify_tokens` / `_correct_decoded_token`):
+    a token decoded on its own that ends in U+FFFD is decoded again after up to 4 preceding sampled
+    tokens; the first decode that no longer ends in U+FFFD, minus the text of the context tokens
+    that decode cleanly on their own, is its string; none: "". So the lead token of a split
+    character is "" and the completing one spells the whole character with any text the lead held
+    (Qwen2's b" \xe6\xa0" + b"\xb9" -> "", " 根"); a character never finished is "" too.
+    """
+
+    def __init__(self, vocab: Vocab, plain: TokenStrings) -> None:
+        self._vocab = vocab
+        self._plain = plain
+
+    def at(self, token_id: int, context: Sequence[int]) -> str:
+        text = self._plain(token_id)
+        if not text.endswith(REPLACEMENT):
+            return text
+        recent = list(context[-4:])
+        for count in range(1, len(recent) + 1):
+            window = recent[-count:]
+            full = decode_ids(self._vocab, [*window, token_id], skip_special=False)
+            if full.endswith(REPLACEMENT):
+                continue
+            clean = len(window)
+            while clean > 0 and self._plain(window[clean - 1]).endswith(REPLACEMENT):
+                clean -= 1
+            prefix = decode_ids(self._vocab, window[:clean], skip_special=False) if clean else ""
+            if full.startswith(prefix):
+                return full[len(prefix):]
+            common = 0
+            for a, b in zip(prefix, full, strict=False):
+                if a != b:
+                    break
+                common += 1
+            return full[common:]
+        return ""
+
+
 class IncrementalDetokenizer:
     """Turns a stream of token ids into text deltas, holding back incomplete characters.
 

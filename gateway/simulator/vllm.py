@@ -22,7 +22,7 @@ counters), GET /sim/requests (recently received bodies), POST /sim/reset.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Unpack
@@ -45,7 +45,7 @@ from gateway.simulator.base import (
     SimulatorBase,
     SSEWriter,
 )
-from gateway.simulator.detok import HoldingDetokenizer, TokenStrings, decode_ids
+from gateway.simulator.detok import ContextualTokenStrings, HoldingDetokenizer, TokenStrings, decode_ids
 from gateway.simulator.faults import FaultPlan
 from gateway.simulator.script import Output, plan_output
 from gateway.simulator.synthetic import Position
@@ -91,6 +91,7 @@ class VLLMSimulator(SimulatorBase):
     def __init__(self, vocab: Vocab, model: str, settings: SimSettings) -> None:
         super().__init__(vocab, model, settings)
         self.strings = TokenStrings(vocab)
+        self.contextual = ContextualTokenStrings(vocab, self.strings)
         self.limits = ServerLimits(
             model, settings.max_model_len, settings.max_logprobs, len(vocab), settings.return_tokens_as_token_ids
         )
@@ -238,7 +239,20 @@ class VLLMSimulator(SimulatorBase):
         if k is None:
             return None
         dicts = self._output_dicts(job, start, end, k)
-        return wire.chat_logprobs(job.output.token_ids[start:end], dicts, k, self.strings, job.gen.as_ids)
+        return wire.chat_logprobs(job.output.token_ids[start:end], dicts, k, self.strings, job.gen.as_ids,
+                                  self._spell_at(job, start))
+
+    def _spell_at(self, job: _Job, start: int, prompt: int = 0) -> Callable[[int, int], str]:
+        """Token strings as vLLM gives them at output position `start + i` (the first `prompt`
+        positions are echoed prompt tokens, decoded on their own): see `ContextualTokenStrings`."""
+        ids = job.output.token_ids
+
+        def spell(position: int, token_id: int) -> str:
+            if position < prompt:
+                return self.strings(token_id)
+            return self.contextual.at(token_id, ids[: start + position - prompt])
+
+        return spell
 
     def _completion_view(
         self, job: _Job, start: int, end: int, text: str, *, first: bool, text_offset: int
@@ -254,7 +268,9 @@ class VLLMSimulator(SimulatorBase):
         dicts: list[dict[int, float] | None] = [None] * len(ids)
         if k is not None:
             dicts = list(self._output_dicts(job, start, end, k))
+        prompt = 0
         if gen.echo and first:
+            prompt = len(gen.prompt_ids)
             prompt_text = "" if gen.return_token_ids else gen.prompt_text
             prompt_dicts: list[dict[int, float] | None] = [None] * len(gen.prompt_ids)
             if k is not None:
@@ -266,7 +282,8 @@ class VLLMSimulator(SimulatorBase):
                 ids, text, dicts = [*gen.prompt_ids, *ids], prompt_text + text, [*prompt_dicts, *dicts]
         if k is None:
             return text, None
-        return text, wire.completion_logprobs(ids, dicts, k, self.strings, gen.as_ids, text_offset)
+        spell_at = self._spell_at(job, start, prompt) if not (gen.echo_only and first) else None
+        return text, wire.completion_logprobs(ids, dicts, k, self.strings, gen.as_ids, text_offset, spell_at)
 
     async def _stream(self, request: web.Request, job: _Job, writer: SSEWriter) -> None:
         gen, out = job.gen, job.output

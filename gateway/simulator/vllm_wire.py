@@ -16,6 +16,7 @@ Logprob formatting follows `_create_chat_logprobs` / `_get_top_logprobs` (chat) 
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -58,7 +59,8 @@ def usage_body(prompt_tokens: int, completion_tokens: int, *, drop_nulls: bool =
 
 
 def chat_logprobs(
-    token_ids: Sequence[int], dicts: Sequence[LogprobDict], top_logprobs: int, strings: TokenStr, as_ids: bool
+    token_ids: Sequence[int], dicts: Sequence[LogprobDict], top_logprobs: int, strings: TokenStr, as_ids: bool,
+    spell_at: Callable[[int, int], str] | None = None,
 ) -> JSON:
     """`choices[].logprobs` of a chat response or chunk (`dicts`: one per token).
 
@@ -66,22 +68,25 @@ def chat_logprobs(
     sampled token outside the true top-k pushes out the k-th best and the list is unsorted.
     `bytes` of the entry is the UTF-8 of the *decoded* token even when `token` is a
     `token_id:N` placeholder, while top entries' `bytes` follow their `token` string.
+    `spell_at(position, id)`, where given, is a token's string at that position (vLLM's context-
+    corrected strings, `detok.ContextualTokenStrings`); `strings(id)` otherwise.
     """
     content: list[JSON] = []
-    for token_id, entries in zip(token_ids, dicts, strict=True):
+    for position, (token_id, entries) in enumerate(zip(token_ids, dicts, strict=True)):
+        at = strings if spell_at is None else functools.partial(spell_at, position)
         top: list[JSON] = []
         if top_logprobs:
             for i, (cand, logprob) in enumerate(entries.items()):
                 if top_logprobs != -1 and i >= top_logprobs:
                     break
-                spelled = _spelling(cand, strings, as_ids)
+                spelled = _spelling(cand, at, as_ids)
                 top.append(
                     {"token": spelled, "logprob": _clamp(logprob), "bytes": list(spelled.encode("utf-8", "replace"))}
                 )
-        decoded = strings(token_id)
+        decoded = at(token_id)
         content.append(
             {
-                "token": _spelling(token_id, strings, as_ids),
+                "token": _spelling(token_id, at, as_ids),
                 "logprob": _clamp(entries[token_id]),
                 "bytes": list(decoded.encode("utf-8", "replace")),
                 "top_logprobs": top,
@@ -97,6 +102,7 @@ def completion_logprobs(
     strings: TokenStr,
     as_ids: bool,
     initial_text_offset: int = 0,
+    spell_at: Callable[[int, int], str] | None = None,
 ) -> JSON:
     """`choices[].logprobs` of a legacy completion.
 
@@ -110,8 +116,9 @@ def completion_logprobs(
     tokens: list[str] = []
     tops: list[dict[str, float] | None] = []
     offset = initial_text_offset
-    for token_id, entries in zip(token_ids, dicts, strict=True):
-        token = _spelling(token_id, strings, as_ids)
+    for position, (token_id, entries) in enumerate(zip(token_ids, dicts, strict=True)):
+        at = strings if spell_at is None else functools.partial(spell_at, position)
+        token = _spelling(token_id, at, as_ids)
         if entries is None:
             token_logprobs.append(None)
             tops.append(None)
@@ -119,7 +126,7 @@ def completion_logprobs(
             token_logprobs.append(_clamp(entries[token_id]))
             tops.append(
                 {
-                    _spelling(cand, strings, as_ids): _clamp(logprob)
+                    _spelling(cand, at, as_ids): _clamp(logprob)
                     for i, (cand, logprob) in enumerate(entries.items())
                     if num_logprobs == -1 or i <= num_logprobs
                 }

@@ -66,3 +66,19 @@ def parse_options(route: Route) -> ParseOptions:
 def _parse_options(dialect: str, vocab: Vocab | None) -> ParseOptions:
     # Built once per route rather than per request (options are frozen; vocabularies hash by identity).
     return FLAVORS[dialect].parse_options(vocab)
+
+
+def bytes_precision(dialect: str, api: str, has_tokenizer: bool) -> tuple[str, bool]:
+    """What a route's logprob bytes are, in one line, and whether they are per character (the split of
+    a character's bytes across its tokens is not what the route shows): for check-config and start-up."""
+    if dialect == "llamacpp":
+        return ("per character: llama.cpp sends one entry per completed character (the token that completes"
+                " it carries its bytes; tokens that leave it unfinished have no entry)"), True
+    if has_tokenizer:
+        if dialect == "vllm" or api == "generate":
+            return "exact bytes from token ids", False
+        return "lossy strings aligned against the text; the tokenizer rules out spans that are not tokens", False
+    if dialect == "openai":
+        return "exact bytes from the server's `bytes`", False
+    return ("per character (no tokenizer): a split character's lead tokens have empty bytes and the"
+            " token that completes it carries the whole character, as vLLM spells them"), True
