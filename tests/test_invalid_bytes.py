@@ -113,3 +113,18 @@ async def test_every_length_cap_inside_a_character_is_an_incomplete_200(aiohttp_
         assert joined == b"".join(map(qwen2.token_bytes, ids[:cap])), cap
         # Cut inside a character: the text is what vLLM's detokenizer let out, the bytes run on past it.
         assert joined.startswith(part["text"].encode()) and joined.decode("utf-8", "ignore").startswith(part["text"])
+
+
+def test_the_simulators_detokenizer_is_tokenizers_decode_stream(qwen2):
+    # vLLM's text comes from `tokenizers.decoders.DecodeStream` (v1 FastIncrementalDetokenizer): the
+    # simulator's HoldingDetokenizer must emit the same text at the same tokens.
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from gateway.simulator.detok import HoldingDetokenizer
+
+    tokenizer = Tokenizer(models.BPE.from_file(str(QWEN2 / "vocab.json"), str(QWEN2 / "merges.txt")))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    for ids in (INVALID_IDS, qwen2.encode(SPLIT_REPLY), qwen2.encode("根据 👋🏽 a")):
+        stream, ours = decoders.DecodeStream(skip_special_tokens=True), HoldingDetokenizer(qwen2)
+        assert [ours.feed([i]) or None for i in ids] == [stream.step(tokenizer, i) for i in ids]

@@ -50,6 +50,9 @@ class Flavor:
     escapes: bool = False
     read_ids: bool = True
     min_top_logprobs: int = 0  # llama.cpp returns no logprobs at all for 0 alternatives: ask for 1, cut to k
+    # Ask for logprobs only when the client wants them (llama.cpp: its entries are per character and
+    # its stop-string trimming cuts them wrongly; text without them is the server's own).
+    logprobs_when_asked: bool = False
 
     def parse_options(self, vocab: Any) -> ParseOptions:
         return ParseOptions(vocab=vocab, trust_bytes=self.trust_bytes, escapes=self.escapes, read_ids=self.read_ids)
@@ -95,8 +98,8 @@ def _text_bound(streaming: bool, text: str) -> str | None:
     return None if streaming else text
 
 
-def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool) -> Step:
-    """A chat completion (or chunk) -> Step."""
+def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool, text_only: bool = False) -> Step:
+    """A chat completion (or chunk) -> Step. `text_only`: no logprobs were asked for; none are read."""
     choice = _choice(body)
     if choice is None:
         return Step(usage=_usage(body))
@@ -104,7 +107,7 @@ def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool
     text = container.get("content") or ""
     if not isinstance(text, str):
         raise UpstreamFormatError("upstream content is not a string")
-    logprobs = choice.get("logprobs")
+    logprobs = None if text_only else choice.get("logprobs")
     content = logprobs.get("content") if _is_mapping(logprobs) else None
     reasoning = _reasoning(container) if "reasoning" in container or "reasoning_content" in container else None
     raw_calls = container.get("tool_calls")
@@ -112,7 +115,7 @@ def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool
     if reasoning is None and not tool_calls:
         # The common chunk, once per token of a stream: `_logprobs_or_fail` and `_usage` written out.
         try:
-            parsed = parse_chat(content, options, None if streaming else text)
+            parsed = parse_chat(content, options, None if streaming or text_only else text)
         except LogprobParseError as exc:
             raise UpstreamFormatError(f"upstream logprobs unreadable: {exc}") from None
         tokens = parsed.tokens if text or not streaming else [_hide_control(t) for t in parsed.tokens]
@@ -233,7 +236,7 @@ def _held_before(tokens: list[Token], reasoning: str) -> int:
 
 
 def completions_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool,
-                     echoed_prompt: str | None = None, chat_shaped: bool = False) -> Step:
+                     echoed_prompt: str | None = None, chat_shaped: bool = False, text_only: bool = False) -> Step:
     """A completion (or chunk) -> Step. With `echoed_prompt` (non-streamed echo), the prompt's
     text and tokens come first in the body and are split off into the Step's prompt fields."""
     choice = _choice(body)
@@ -242,7 +245,7 @@ def completions_step(body: Mapping[str, Any], options: ParseOptions, *, streamin
     text = choice.get("text") or ""
     if not isinstance(text, str):
         raise UpstreamFormatError("upstream text is not a string")
-    logprobs = choice.get("logprobs")
+    logprobs = None if text_only else choice.get("logprobs")
     parsed = Parsed([])
     if _is_mapping(logprobs):
         bound = _text_bound(streaming, text)
@@ -284,7 +287,7 @@ def check_cap(gen: Generation, cap: int, param: str) -> None:
 
 def chat_call(flavor: Flavor, gen: Generation, upstream_model: str, *, cap: int, token_ids: bool,
               param: str) -> UpstreamCall:
-    """Chat: logprobs always on, so every token's bytes can be reconstructed."""
+    """Chat: logprobs on (unless the flavor says only when asked), so every token's bytes can be reconstructed."""
     check_cap(gen, cap, param)
     if gen.echo_prompt and gen.logprobs:
         raise unsupported("Prompt logprobs (echo) need a completions upstream that scores prompts.", "echo")
@@ -301,6 +304,9 @@ def chat_call(flavor: Flavor, gen: Generation, upstream_model: str, *, cap: int,
     }
     if flavor.token_id_placeholders:
         body["return_tokens_as_token_ids"] = token_ids
+    text_only = flavor.logprobs_when_asked and not gen.logprobs
+    if text_only:
+        del body["logprobs"], body["top_logprobs"]
     if gen.max_tokens is not None:
         body["max_tokens"] = gen.max_tokens
     if gen.stream:
@@ -308,6 +314,8 @@ def chat_call(flavor: Flavor, gen: Generation, upstream_model: str, *, cap: int,
     if flavor.sampled_first and gen.top_k_logprobs > 0 and gen.top_k_logprobs + 1 > cap:
         # k at the server's cap: its list of k may be the sampled token plus the top k-1.
         return UpstreamCall("/v1/chat/completions", body, _capped_chat_step, load_chat_body, _read_capped_chat_chunk)
+    if text_only:
+        return UpstreamCall("/v1/chat/completions", body, functools.partial(chat_step, text_only=True))
     return UpstreamCall("/v1/chat/completions", body, chat_step, load_chat_body, read_chat_chunk)
 
 
@@ -366,13 +374,15 @@ def completions_call(flavor: Flavor, gen: Generation, upstream_model: str, promp
         body["response_format"] = gen.response_format  # OpenAI-compatible servers take it here too
     if flavor.chat_shaped_completions:
         # The request is legacy-shaped (`logprobs` is the count); only the answer is chat-shaped.
-        body["logprobs"] = requested_top_logprobs(flavor, k, cap)
+        if gen.logprobs or not flavor.logprobs_when_asked:
+            body["logprobs"] = requested_top_logprobs(flavor, k, cap)
     else:
         # The completions dict holds the sampled token *plus* the top k, so k is enough here.
         body["logprobs"] = k
     if flavor.token_id_placeholders:
         body["return_tokens_as_token_ids"] = token_ids
-    parse = functools.partial(completions_step, chat_shaped=flavor.chat_shaped_completions)
+    text_only = flavor.logprobs_when_asked and not gen.logprobs
+    parse = functools.partial(completions_step, chat_shaped=flavor.chat_shaped_completions, text_only=text_only)
     if gen.echo_prompt and gen.logprobs:
         if not flavor.prompt_logprobs:
             raise unsupported(f"{flavor.name} cannot score the prompt (echo with logprobs).", "echo")
