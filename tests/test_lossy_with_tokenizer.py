@@ -48,11 +48,13 @@ def test_legacy_completions_with_placeholders_are_exact(qwen2):
 
 
 def test_tokenizer_settles_a_split_the_text_alone_leaves_open(qwen2):
-    # TGI style: "" then the completing token spelled as the whole " 根". Without a tokenizer two
-    # splits fit (1+3 bytes... 2+2, 3+1); only one is a pair of Qwen2 tokens.
+    # TGI style: "" then the completing token spelled as the whole " 根". Without a tokenizer several
+    # splits fit (1+3 bytes, 2+2, 3+1), so none is guessed: the one per-character spelling, counted.
     pieces = [Piece("x"), Piece(""), Piece(" 根")]
     text = "x 根".encode()
-    assert align(pieces, text).ambiguous == {1, 2}
+    unresolved = align(pieces, text)
+    assert unresolved.spans == [b"x", b"", " 根".encode()]
+    assert unresolved.per_character == 1
     resolved = align(pieces, text, qwen2)
     assert resolved.spans == [b"x", b" \xe6\xa0", b"\xb9"]
     assert not resolved.ambiguous
