@@ -46,9 +46,9 @@ LEAD_AFTER_COMPLETE = 8.6  # the ~1,200 lead fragments together get about half t
 CJK_AFTER_COMPLETE = 6.0
 CONT_SUPPRESS = -12.0  # continuation-first tokens right after a whole character
 CONT_MATCH = 8.9  # the k-continuation tokens after a token needing k: ~85%, so some characters stay unfinished
-# <|im_end|> / <|endoftext|>: under 1% per step after a whole character, somewhat less inside one
-END_AFTER_COMPLETE = 11.2
-END_INSIDE = 8.0
+# <|im_end|> / <|endoftext|>: rare (tests force a stop with logit_bias or a cap); slightly likelier inside a character
+END_AFTER_COMPLETE = 8.0  # below the best single token: greedy decoding must not stop at once
+END_INSIDE = 6.5
 NOISE_LOGIT = 0.85  # std of the context-dependent part of every logit
 
 
