@@ -82,7 +82,9 @@ def busy_port():
 
 
 def test_a_busy_port_is_one_line_naming_it(tmp_path, busy_port):
-    config = write_config(tmp_path, {"m": {"upstream": "u"}})
+    # With a tokenizer, so that start-up has nothing to warn about (a route without one logs that its
+    # bytes are per character) and stderr holds only the error.
+    config = write_config(tmp_path, {"m": {"upstream": "u", "tokenizer": {"builtin": "demo"}}})
     line = one_line_error(run("serve", "--config", str(config), "--port", str(busy_port)))
     assert f"127.0.0.1:{busy_port}" in line and "in use" in line and "--port" in line
     line = one_line_error(run("demo", "--port", str(busy_port), timeout=120))
