@@ -10,6 +10,8 @@ from typing import Any
 
 from aiohttp.test_utils import TestServer
 from openai import AsyncOpenAI
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from gateway.app import create_app
 from gateway.config import parse_config
@@ -107,3 +109,19 @@ def assert_bytes_spell(joined: bytes, text: str) -> None:
     U+FFFD there as the upstream wrote it."""
     if joined != text.encode():
         assert "\ufffd" in text and joined.decode("utf-8", errors="replace") == text, (joined, text)
+
+
+STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
+
+
+async def create_response(stack, stream: bool, **params):
+    """A Response, streamed (through `responses.stream`, checking every event) or not."""
+    if not stream:
+        return await stack.client.responses.create(model=stack.model, **params), []
+    async with stack.client.responses.stream(model=stack.model, **params) as events:
+        raw = [event.model_dump(mode="json", exclude_unset=True, by_alias=True) async for event in events]
+        final = await events.get_final_response()
+    for frame in raw:
+        STREAM_EVENT.validate_python(frame)
+    assert [frame["sequence_number"] for frame in raw] == list(range(len(raw)))
+    return final, raw

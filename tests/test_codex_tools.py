@@ -22,6 +22,7 @@ from pydantic import TypeAdapter
 
 from gateway.logprobs.demo_vocab import build_demo_vocab
 from gateway.translate.tools import InputStream, custom_input
+from tests.e2e import create_response as _create
 from tests.e2e import start_stack
 
 STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
@@ -48,17 +49,6 @@ REPLIES = {
 @pytest.fixture(scope="module")
 def vocab():
     return build_demo_vocab()
-
-
-async def _create(stack, stream: bool, **params):
-    if not stream:
-        return await stack.client.responses.create(model=stack.model, **params), []
-    async with stack.client.responses.stream(model=stack.model, **params) as events:
-        raw = [event.model_dump(mode="json", exclude_unset=True, by_alias=True) async for event in events]
-        final = await events.get_final_response()
-    for frame in raw:
-        STREAM_EVENT.validate_python(frame)
-    return final, raw
 
 
 def _last_upstream_body(stack) -> dict:

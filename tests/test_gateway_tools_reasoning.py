@@ -14,6 +14,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from gateway.logprobs.demo_vocab import build_demo_vocab
 from tests.e2e import LOGPROBS, assert_exact_logprobs, chatml_template, start_stack
+from tests.e2e import create_response as _create
 
 STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 
@@ -43,19 +44,6 @@ REPLIES = {
 @pytest.fixture(scope="module")
 def vocab():
     return build_demo_vocab()
-
-
-async def _create(stack, stream: bool, **params):
-    """A Response, streamed (through `responses.stream`, checking every event) or not."""
-    if not stream:
-        return await stack.client.responses.create(model=stack.model, **params), []
-    async with stack.client.responses.stream(model=stack.model, **params) as events:
-        raw = [event.model_dump(mode="json", exclude_unset=True, by_alias=True) async for event in events]
-        final = await events.get_final_response()
-    for frame in raw:
-        STREAM_EVENT.validate_python(frame)
-    assert [frame["sequence_number"] for frame in raw] == list(range(len(raw)))
-    return final, raw
 
 
 def _last_upstream_body(stack) -> dict:
