@@ -125,3 +125,21 @@ async def create_response(stack, stream: bool, **params):
         STREAM_EVENT.validate_python(frame)
     assert [frame["sequence_number"] for frame in raw] == list(range(len(raw)))
     return final, raw
+
+
+TERMINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
+
+
+async def stream_response(stack, **params):
+    """A streamed Response read event by event (each validated, sequence numbers checked), ending in
+    whichever terminal event came (completed, incomplete or failed: the SDK's stream helper only
+    accepts `response.completed`): (the terminal event's Response, the raw events)."""
+    raw = []
+    async for event in await stack.client.responses.create(model=stack.model, stream=True, **params):
+        raw.append(event.model_dump(mode="json", exclude_unset=True, by_alias=True))
+    for frame in raw:
+        STREAM_EVENT.validate_python(frame)
+    assert [frame["sequence_number"] for frame in raw] == list(range(len(raw)))
+    assert raw and raw[-1]["type"] in TERMINAL_EVENTS, [frame["type"] for frame in raw[-3:]]
+    assert sum(frame["type"] in TERMINAL_EVENTS for frame in raw) == 1
+    return STREAM_EVENT.validate_python(raw[-1]).response, raw

@@ -10,6 +10,7 @@ time and the real-engine tests' wall time.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -57,8 +58,15 @@ def _log_dir() -> Path:
     return _State.log_dir
 
 
+# While developing: a server already running (started by hand as tests/real_engines/engines.py does)
+# is used instead of starting one, e.g. RESPONSES_GATEWAY_VLLM_URL=http://127.0.0.1:18000.
+URL_ENV = {"vllm": "RESPONSES_GATEWAY_VLLM_URL", "llama": "RESPONSES_GATEWAY_LLAMA_SERVER_URL"}
+
+
 def _process(name: str) -> engines.EngineProcess | None:
     """The session's process for `name` (started), or None when its parts are not installed."""
+    if os.environ.get(URL_ENV[name]):
+        return None
     if name in _State.processes:
         return _State.processes[name]
     found = engines.parts()
@@ -133,7 +141,10 @@ def _stop_all() -> None:
         shutil.rmtree(_State.log_dir, ignore_errors=True)
 
 
-def _ready(name: str, timeout: float) -> engines.EngineProcess:
+def _ready(name: str, timeout: float) -> engines.EngineProcess | str:
+    """The session's healthy server for `name`, or the URL of one given in the environment."""
+    if url := os.environ.get(URL_ENV[name]):
+        return url.rstrip("/")
     found = engines.parts()
     missing = found.missing_vllm() if name == "vllm" else found.missing_llama_server()
     if missing:
@@ -150,18 +161,26 @@ def _ready(name: str, timeout: float) -> engines.EngineProcess:
     return process
 
 
+def _url(process: engines.EngineProcess | str) -> str:
+    return process if isinstance(process, str) else process.base_url
+
+
+def _startup(process: engines.EngineProcess | str) -> float:
+    return 0.0 if isinstance(process, str) else process.startup_seconds or 0.0
+
+
 @pytest.fixture(scope="session")
 def real_vllm() -> Iterator[RealEngine]:
     """Real vLLM 0.32.0 (CPU) serving the tiny Qwen2 model as `qwen2-tiny`, `--max-logprobs 20`."""
     process = _ready("vllm", VLLM_START_TIMEOUT)
     model_dir = engines.parts().qwen2_dir.resolve()
-    yield RealEngine("vLLM", process.base_url, engines.VLLM_MODEL, "vllm", {"directory": str(model_dir)},
-                     model_dir, engines.VLLM_MAX_LOGPROBS, process.startup_seconds or 0.0)
+    yield RealEngine("vLLM", _url(process), engines.VLLM_MODEL, "vllm", {"directory": str(model_dir)},
+                     model_dir, engines.VLLM_MAX_LOGPROBS, _startup(process))
 
 
 @pytest.fixture(scope="session")
 def real_llama_server() -> Iterator[RealEngine]:
     """Real llama-server serving SmolLM2-135M-Instruct Q4_1 as `smollm2` (2 slots, 1 thread)."""
     process = _ready("llama", LLAMA_START_TIMEOUT)
-    yield RealEngine("llama-server", process.base_url, engines.LLAMA_MODEL, "llamacpp", {}, None, None,
-                     process.startup_seconds or 0.0)
+    yield RealEngine("llama-server", _url(process), engines.LLAMA_MODEL, "llamacpp", {}, None, None,
+                     _startup(process))

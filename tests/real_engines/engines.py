@@ -12,9 +12,10 @@
 A test that needs a part skips, naming the installer, when it is absent; under `.ci/run`, which installs
 them, it fails instead (`RESPONSES_GATEWAY_REQUIRE_ENGINES`).
 
-`EngineProcess` runs one server in its own process group on a free loopback port, waits for its
-`/health`, and stops the whole group (vLLM runs its engine core in a child process) at the end; the
-servers also die with the test process (PR_SET_PDEATHSIG), so an interrupted run leaves none behind.
+`EngineProcess` runs one server in its own process group on a free loopback port, watches its
+`/health` from the start (so the start-up time is the server's, whenever a test first needs it), and
+stops the whole group (vLLM runs its engine core in a child process) at the end; the servers also die
+with the test process (PR_SET_PDEATHSIG), so an interrupted run leaves none behind.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -133,6 +135,7 @@ class EngineProcess:
     started_at: float = 0.0
     startup_seconds: float | None = None
     failure: str | None = None
+    _settled: threading.Event = field(default_factory=threading.Event)  # healthy, or exited
 
     @property
     def base_url(self) -> str:
@@ -147,37 +150,42 @@ class EngineProcess:
                                         stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         if log is not subprocess.DEVNULL:
             log.close()
+        threading.Thread(target=self._watch, name=f"{self.name} health", daemon=True).start()
 
     def log_tail(self, lines: int = 40) -> str:
         if not self.log_path or not self.log_path.is_file():
             return "(no log)"
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
+    def _watch(self) -> None:
+        """From the start: poll `/health` until it is 200 (the start-up time) or the server exits."""
+        process = self.process
+        while process is not None and process.poll() is None and self.process is process:
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        self.startup_seconds = time.monotonic() - self.started_at
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.25)
+        self._settled.set()
+
     def wait_ready(self, timeout: float) -> None:
         """Until `/health` answers 200; raises RuntimeError (with the log's tail) when the server exits
         or `timeout` seconds after its start pass."""
         if self.failure:
             raise RuntimeError(self.failure)
+        assert self.process is not None or self.startup_seconds is not None, "start() first"
+        self._settled.wait(max(0.0, self.started_at + timeout - time.monotonic()))
         if self.startup_seconds is not None:
             return
-        assert self.process is not None, "start() first"
-        deadline = self.started_at + timeout
-        while True:
-            if self.process.poll() is not None:
-                self.failure = f"{self.name} exited with {self.process.returncode} while starting:\n{self.log_tail()}"
-                raise RuntimeError(self.failure)
-            try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=5) as answer:
-                    if answer.status == 200:
-                        self.startup_seconds = time.monotonic() - self.started_at
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                self.failure = f"{self.name} not healthy {timeout:.0f} s after its start:\n{self.log_tail()}"
-                self.stop()
-                raise RuntimeError(self.failure)
-            time.sleep(0.5)
+        if self.process is not None and self.process.poll() is not None:
+            self.failure = f"{self.name} exited with {self.process.returncode} while starting:\n{self.log_tail()}"
+        else:
+            self.failure = f"{self.name} not healthy {timeout:.0f} s after its start:\n{self.log_tail()}"
+            self.stop()
+        raise RuntimeError(self.failure)
 
     def stop(self) -> None:
         """SIGTERM to the server's process group, SIGKILL after a grace period; leaves nothing running."""

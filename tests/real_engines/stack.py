@@ -19,6 +19,7 @@ from openai import AsyncOpenAI
 
 from gateway.app import create_app
 from gateway.config import parse_config
+from tests.real_engines.truth import Recorder
 
 
 @dataclass
@@ -27,6 +28,7 @@ class RealStack:
     client: AsyncOpenAI
     model: str
     engine: Any  # the RealEngine
+    recorder: Recorder | None = None  # the relay the gateway reaches the server through
 
     def url(self, path: str) -> str:
         return str(self.gateway.make_url(path))
@@ -38,14 +40,17 @@ class RealStack:
 async def start_gateway(aiohttp_server: Any, engine: Any, *, api: str = "chat",
                         tokenizer: dict[str, str] | None = None, model: str | None = None,
                         upstream_options: dict[str, Any] | None = None,
-                        model_options: dict[str, Any] | None = None) -> RealStack:
+                        model_options: dict[str, Any] | None = None, record: bool = True) -> RealStack:
     """The gateway with one route, `model` (default: the served name), to `engine` over `api`.
 
     `tokenizer`: None means the engine's own (vLLM: the model folder's tokenizer files), {} none at all.
-    A completions route gets the model folder's chat template (`chat_template.jinja`)."""
+    A completions route gets the model folder's chat template (`chat_template.jinja`). `record`: the
+    gateway reaches the server through a `Recorder` (stack.recorder), which keeps what the server sent."""
+    recorder = Recorder(engine.base_url) if record else None
+    base_url = str((await aiohttp_server(recorder.app)).make_url("")).rstrip("/") if recorder else engine.base_url
     tokenizer = engine.tokenizer if tokenizer is None else tokenizer
     name = model or engine.model
-    upstream: dict[str, Any] = {"urls": [engine.base_url], "api": api, "dialect": engine.dialect,
+    upstream: dict[str, Any] = {"urls": [base_url], "api": api, "dialect": engine.dialect,
                                 **({"max_top_logprobs": engine.max_logprobs} if engine.max_logprobs else {}),
                                 **(upstream_options or {})}
     model_config: dict[str, Any] = {"upstream": "real", "upstream_model": engine.model,
@@ -58,4 +63,4 @@ async def start_gateway(aiohttp_server: Any, engine: Any, *, api: str = "chat",
     gateway = await aiohttp_server(create_app(config))
     client = AsyncOpenAI(base_url=str(gateway.make_url("/v1")), api_key="test-key",
                          _strict_response_validation=True, max_retries=0)
-    return RealStack(gateway, client, name, engine)
+    return RealStack(gateway, client, name, engine, recorder)
