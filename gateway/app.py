@@ -21,6 +21,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from gateway.canonical.generation import Generation
+from gateway.canonical.step import Step, UpstreamFormatError
 from gateway.compact_route import add_compact_route
 from gateway.compaction import add_sealer
 from gateway.config import Config
@@ -51,10 +53,9 @@ from gateway.translate.front_doors import (
     responses_settings,
 )
 from gateway.translate.fronts import ChatFront, CompletionsFront, FrontTranslator, ResponsesFront
-from gateway.translate.generation import Generation
 from gateway.translate.grouping import TextMismatch
-from gateway.upstreams.base import Step, UpstreamCall, UpstreamFormatError
-from gateway.upstreams.dispatch import build_call, bytes_precision, parse_options
+from gateway.upstreams.base import UpstreamCall
+from gateway.upstreams.dispatch import bytes_precision
 from gateway.upstreams.verdicts import UpstreamFault, UpstreamRejected, client_error, read_fault
 
 log = logging.getLogger("responses_gateway")
@@ -261,7 +262,7 @@ async def serve_generation(request: web.Request, front_door: str, gen: Generatio
     state = request.app[STATE]
     route = _route(state, gen.model)
     try:
-        call = build_call(route, gen, k_param)
+        call = route.upstream_call(gen, k_param)
     except GatewayError as exc:
         if exc.code == "unsupported_parameter":
             state.metrics.refused.labels(route.model, front_door, exc.param or "").inc()
@@ -340,7 +341,7 @@ async def _serve_on_replicas(request: web.Request, state: GatewayState, exchange
     replicas = route.replicas
     tried: set[str] = set()
     last: _Retryable | None = None
-    options = parse_options(route)
+    options = route.parse_options()
     for _ in range(route.upstream.retries + 1):
         try:
             replica = replicas.choose(exclude=tried)

@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.canonical.generation import Generation
 from gateway.compaction import SEALER_KEY, expand_compactions, is_compaction
 from gateway.errors import bad_request, upstream_error
 from gateway.middleware import json_response
@@ -27,7 +28,6 @@ from gateway.routing import Route
 from gateway.stored_routes import RecordingFront, begin_turn, caller_of
 from gateway.translate.front_doors import generation_from_responses, responses_settings, validate_body
 from gateway.translate.fronts import FrontTranslator, ResponsesFront
-from gateway.translate.generation import Generation
 from gateway.translate.input_items import stored_input_items
 from gateway.translate.response_object import new_id
 from schemas.responses_compact import CompactRequest

@@ -1,4 +1,8 @@
-"""Public model name -> upstream route, with its tokenizer and chat template loaded once."""
+"""Public model name -> upstream route, with its tokenizer and chat template loaded once.
+
+The shell's side of the arrows: only here do a route's upstream, template and replicas meet; the dialects
+(`gateway.upstreams`) get plain parameters from `Route.upstream_call` and never see a Route.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.canonical.generation import Generation
 from gateway.config import Config, ConfigError, Upstream
+from gateway.errors import bad_request
+from gateway.logprobs.parse import ParseOptions
 from gateway.logprobs.vocab import HFVocab, Vocab, VocabError, load_vocab
 from gateway.replicas import Outlier, ReplicaSet
-from gateway.translate.chat_template import ChatTemplate, ChatTemplateError
+from gateway.translate.chat_template import ChatTemplate, ChatTemplateError, render_prompt
+from gateway.upstreams import dispatch
+from gateway.upstreams.base import UpstreamCall
 
 
 @dataclass(frozen=True)
@@ -23,6 +32,26 @@ class Route:
     chat_template: ChatTemplate | None
     replicas: ReplicaSet  # shared by every model of the upstream
     hosted_tools: str = "drop"  # the model's policy for tools only OpenAI can run (translate.tools)
+
+    def upstream_call(self, gen: Generation, k_param: str) -> UpstreamCall:
+        """Generation -> the request this route's dialect and API take (`k_param`: how the client named k)."""
+        upstream = self.upstream
+        return dispatch.build_call(gen, upstream.dialect, upstream.api, self.upstream_model,
+                                   cap=upstream.top_logprobs_cap, token_ids=self.vocab is not None,
+                                   k_param=k_param, prompt=lambda: self.prompt_for(gen))
+
+    def prompt_for(self, gen: Generation) -> str:
+        """A completions-style upstream needs one string: the client's, or the chat template's."""
+        if gen.prompt is not None:
+            return gen.prompt
+        try:
+            return render_prompt(gen.messages or [], self.chat_template, gen.plain_input)
+        except ChatTemplateError as exc:
+            raise bad_request(str(exc), "input") from None
+
+    def parse_options(self) -> ParseOptions:
+        """How to read this route's logprobs: its dialect's flavor with the model's tokenizer."""
+        return dispatch.parse_options(self.upstream.dialect, self.vocab)
 
 
 def _load_template(config: Config, name: str, path: str | None, tokenizer_dir: Path | None) -> ChatTemplate | None:

@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.canonical.step import UpstreamFormatError
 from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.body_scan import load_chat_body
 from gateway.logprobs.compiled import fastpath
 from gateway.logprobs.parse import ParseOptions, id_table
 from gateway.logprobs.tokens import IdTokens, Origin
-from gateway.upstreams.base import UpstreamFormatError
 from gateway.upstreams.openai_compatible import chat_step, completions_step
 from tests.test_fastpath import FLAGS, TABLE, VOCAB, _fields
 from tests.test_parse_fast_paths import chat_contents, completions_payloads

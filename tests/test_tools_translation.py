@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.canonical.step import ToolCallDelta, UpstreamFormatError
 from gateway.logprobs.demo_vocab import build_demo_vocab
 from gateway.logprobs.parse import ParseOptions
 from gateway.logprobs.segment import split_content
@@ -17,7 +18,6 @@ from gateway.translate.request import (
 )
 from gateway.translate.response_object import ResponseSettings
 from gateway.translate.stream import ResponsesStream
-from gateway.upstreams.base import ToolCallDelta, UpstreamFormatError
 from gateway.upstreams.openai_compatible import chat_step
 
 

@@ -10,12 +10,12 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from gateway.canonical.step import ToolCallDelta
 from gateway.logprobs.render import render_chat
 from gateway.logprobs.tokens import Token
 from gateway.logprobs.vocab import Vocab
 from gateway.translate.grouping import TextGrouper
 from gateway.translate.response_object import new_id
-from gateway.upstreams.base import ToolCallDelta
 
 
 def chat_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:

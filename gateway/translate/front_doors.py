@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from gateway.canonical.generation import Generation
 from gateway.errors import GatewayError, bad_request
-from gateway.translate.generation import Generation
 from gateway.translate.request import (
     RequestTranslationError,
     chat_response_format,

@@ -9,15 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from gateway.canonical.generation import Generation
+from gateway.canonical.step import Step
 from gateway.errors import GatewayError
 from gateway.logprobs.tokens import Token
 from gateway.logprobs.vocab import Vocab
 from gateway.translate.chat_front import ChatStream
 from gateway.translate.completions_front import CompletionsStream
-from gateway.translate.generation import Generation
 from gateway.translate.response_object import ResponseSettings, usage_object
 from gateway.translate.stream import ResponsesStream
-from gateway.upstreams.base import Step
 
 
 class FrontTranslator(Protocol):

@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from gateway.canonical.step import ToolCallDelta, UpstreamFormatError
 from gateway.logprobs.render import render_responses, render_responses_json
 from gateway.logprobs.tokens import Token
 from gateway.logprobs.vocab import Vocab
@@ -38,7 +39,6 @@ from gateway.translate.response_object import (
     status_for_finish,
 )
 from gateway.translate.tools import InputStream
-from gateway.upstreams.base import ToolCallDelta, UpstreamFormatError
 
 _MESSAGE = "message"
 

@@ -1,56 +1,16 @@
-"""What every dialect hands the server loop: the upstream request and how to read its answer."""
+"""What every dialect hands the server loop: the upstream request and how to read its answer into a Step
+(`gateway.canonical.step`, shared with the translators)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from gateway.canonical.step import Step
 from gateway.errors import GatewayError
 from gateway.logprobs.body_scan import load_json
 from gateway.logprobs.parse import ParseOptions
-from gateway.logprobs.report import TranslationReport
-from gateway.logprobs.tokens import Token
-
-
-class UpstreamFormatError(ValueError):
-    """The upstream's body is not the shape its dialect promises."""
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallDelta:
-    """A tool call, or a piece of one in a stream: `index` says which call of the message it extends.
-
-    `id` and `name` come with a call's first piece; `arguments` is the JSON text (or the piece of it).
-    """
-
-    index: int
-    id: str | None = None
-    name: str | None = None
-    arguments: str = ""
-
-
-@dataclass(slots=True)
-class Step:
-    """One upstream step (a whole response, or one stream chunk) in canonical form.
-
-    `prompt_tokens` holds echoed prompt tokens (legacy completions `echo`), `prompt_text` their text.
-    `tokens` are the message text's own; a reasoning model's thinking comes as `reasoning` with
-    its tokens set aside in `reasoning_tokens`, and tool calls as `tool_calls` (their tokens are
-    dropped: a function call item has no logprobs).
-    """
-
-    text: str = ""
-    tokens: list[Token] = field(default_factory=list)
-    finish_reason: str | None = None
-    usage: dict[str, Any] | None = None
-    prompt_text: str | None = None
-    prompt_tokens: list[Token] | None = None
-    report: TranslationReport | None = None  # what parsing had to repair (for metrics)
-    reasoning: str | None = None  # None: not a reasoning step; "" is one whose text is still held back
-    reasoning_tokens: list[Token] = field(default_factory=list)
-    tool_calls: list[ToolCallDelta] = field(default_factory=list)
-
 
 StepParser = Callable[[Mapping[str, Any], ParseOptions, bool], Step]
 BodyLoader = Callable[[bytes, ParseOptions], Any]

@@ -1,15 +1,17 @@
-"""Route + Generation -> the upstream call of the route's dialect and API."""
+"""A dialect and API's name + Generation -> the upstream call that speaks it.
+
+Plain parameters only: routes, replicas and chat templates belong to the shell (`gateway.routing`),
+which passes what the dialect needs, including the prompt, rendered only if the API takes one.
+"""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
-from gateway.errors import bad_request
+from gateway.canonical.generation import Generation
 from gateway.logprobs.parse import ParseOptions
 from gateway.logprobs.vocab import Vocab
-from gateway.routing import Route
-from gateway.translate.chat_template import ChatTemplateError, render_prompt
-from gateway.translate.generation import Generation
 from gateway.upstreams import llamacpp, openai, sglang, tgi, vllm
 from gateway.upstreams.base import UpstreamCall, unsupported
 from gateway.upstreams.openai_compatible import Flavor, chat_call, completions_call
@@ -20,30 +22,19 @@ FLAVORS: dict[str, Flavor] = {
 }
 
 
-def prompt_for(route: Route, gen: Generation) -> str:
-    """A completions-style upstream needs one string: the client's, or the chat template's."""
-    if gen.prompt is not None:
-        return gen.prompt
-    try:
-        return render_prompt(gen.messages or [], route.chat_template, gen.plain_input)
-    except ChatTemplateError as exc:
-        raise bad_request(str(exc), "input") from None
-
-
-def build_call(route: Route, gen: Generation, k_param: str) -> UpstreamCall:
-    upstream = route.upstream
-    flavor = FLAVORS[upstream.dialect]
-    cap = upstream.top_logprobs_cap
-    token_ids = route.vocab is not None
-    if upstream.api == "chat":
-        return chat_call(flavor, gen, route.upstream_model, cap=cap, token_ids=token_ids, param=k_param)
-    _refuse_chat_only(gen, upstream.api)
-    if upstream.api == "generate":
-        if upstream.dialect == "tgi":
-            return tgi.generate_call(gen, prompt_for(route, gen), cap=cap, param=k_param)
-        return sglang.generate_call(gen, prompt_for(route, gen), cap=cap, param=k_param)
-    return completions_call(flavor, gen, route.upstream_model, prompt_for(route, gen), cap=cap,
-                            token_ids=token_ids, param=k_param)
+def build_call(gen: Generation, dialect: str, api: str, upstream_model: str, *, cap: int, token_ids: bool,
+               k_param: str, prompt: Callable[[], str]) -> UpstreamCall:
+    """`prompt()` gives the one string a completions-style API needs; it is called only for those, after
+    the request was checked for what they cannot carry."""
+    flavor = FLAVORS[dialect]
+    if api == "chat":
+        return chat_call(flavor, gen, upstream_model, cap=cap, token_ids=token_ids, param=k_param)
+    _refuse_chat_only(gen, api)
+    if api == "generate":
+        if dialect == "tgi":
+            return tgi.generate_call(gen, prompt(), cap=cap, param=k_param)
+        return sglang.generate_call(gen, prompt(), cap=cap, param=k_param)
+    return completions_call(flavor, gen, upstream_model, prompt(), cap=cap, token_ids=token_ids, param=k_param)
 
 
 def _refuse_chat_only(gen: Generation, api: str) -> None:
@@ -57,14 +48,11 @@ def _refuse_chat_only(gen: Generation, api: str) -> None:
         raise unsupported("Structured output is not supported through a native generate API.", gen.format_param)
 
 
-def parse_options(route: Route) -> ParseOptions:
-    """How to read this route's logprobs: its dialect's flavor with the model's tokenizer."""
-    return _parse_options(route.upstream.dialect, route.vocab)
-
-
 @functools.lru_cache(maxsize=256)
-def _parse_options(dialect: str, vocab: Vocab | None) -> ParseOptions:
-    # Built once per route rather than per request (options are frozen; vocabularies hash by identity).
+def parse_options(dialect: str, vocab: Vocab | None) -> ParseOptions:
+    """How to read a dialect's logprobs with the model's tokenizer.
+
+    Built once per route rather than per request (options are frozen; vocabularies hash by identity)."""
     return FLAVORS[dialect].parse_options(vocab)
 
 

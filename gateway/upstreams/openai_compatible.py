@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.canonical.generation import Generation
+from gateway.canonical.step import Step, ToolCallDelta, UpstreamFormatError
 from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.body_scan import load_chat_body
 from gateway.logprobs.compiled import fastpath
@@ -23,8 +25,7 @@ from gateway.logprobs.report import TranslationReport
 from gateway.logprobs.segment import HELD_BYTES, split_content
 from gateway.logprobs.spellings import looks_like_special
 from gateway.logprobs.tokens import Origin, Token
-from gateway.translate.generation import Generation
-from gateway.upstreams.base import Step, ToolCallDelta, UpstreamCall, UpstreamFormatError, unsupported
+from gateway.upstreams.base import UpstreamCall, unsupported
 from gateway.upstreams.verdicts import rejected
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.canonical.generation import Generation
+from gateway.canonical.step import Step, UpstreamFormatError
 from gateway.logprobs.parse import LogprobParseError, ParseOptions, parse_chat
-from gateway.translate.generation import Generation
-from gateway.upstreams.base import Step, UpstreamCall, UpstreamFormatError, unsupported
+from gateway.upstreams.base import UpstreamCall, unsupported
 from gateway.upstreams.openai_compatible import Flavor, check_cap
 from gateway.upstreams.verdicts import rejected
 

@@ -11,10 +11,11 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.canonical.generation import Generation
+from gateway.canonical.step import Step, UpstreamFormatError
 from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.parse import LogprobParseError, Parsed, ParseOptions, parse_chat
-from gateway.translate.generation import Generation
-from gateway.upstreams.base import Step, UpstreamCall, UpstreamFormatError, unsupported
+from gateway.upstreams.base import UpstreamCall, unsupported
 from gateway.upstreams.openai_compatible import Flavor, check_cap
 from gateway.upstreams.verdicts import rejected
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.canonical.step import UpstreamFormatError
 from gateway.errors import GatewayError
-from gateway.upstreams.base import UpstreamFormatError
 
 # Context-length refusals, by server. Each pattern is the fixed part of the server's own message.
 CONTEXT_LENGTH_PATTERNS = (

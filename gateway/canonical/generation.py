@@ -1,7 +1,7 @@
 """One internal shape for a generation request, whichever front door it came through.
 
 Front doors (responses, chat, completions) parse into `Generation`; each upstream dialect
-builds its own request from it. Pure data, no I/O.
+builds its own request from it. Pure data, no I/O; below both, so neither imports the other.
 """
 
 from __future__ import annotations
