@@ -229,7 +229,7 @@ class _Exchange:
     first_token_at: float | None = None
     sent_tokens: int = 0  # output tokens written to the client so far (streams)
     step_usage: dict[str, Any] | None = None
-    # Awaited once the final output exists, before the client gets it (the response store saves here).
+    # Awaited once the final output exists, before the client gets it (the response store queues its save here).
     on_final: Callable[[], Awaitable[None]] | None = None
 
     def labels(self) -> tuple[str, str, str, str]:
@@ -862,7 +862,8 @@ def create_app(config: Config, routes: dict[str, Route] | None = None) -> web.Ap
     add_compact_route(app, _read_json, lambda request, door, gen, front: _serve(
         request, door, gen, front, RESPONSES_FRAMING, "top_logprobs"))
     # Callers are told apart by key where keys mean something: checked here, or by the upstream.
-    add_stored_routes(app, config, per_key=bool(api_keys) or config.auth.forward_client_key)
+    add_stored_routes(app, config, per_key=bool(api_keys) or config.auth.forward_client_key,
+                      counters=state.metrics.store_counters())
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)

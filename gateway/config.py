@@ -146,6 +146,11 @@ class Store(_Strict):
     key_prefix: str = "responses-gateway:"
     ttl_seconds: int = Field(default=30 * 24 * 3600, gt=0)  # OpenAI keeps responses 30 days
     max_responses: int = Field(default=10_000, gt=0)
+    # Saving is queued and group-committed after the answer (gateway.store.writer): at most this many
+    # saves wait; when full, answers wait for room.
+    queue_size: int = Field(default=1024, gt=0)
+    # A read that misses a recently made id waits this long for another process to commit it.
+    read_wait_seconds: float = Field(default=2.0, ge=0)
 
     @field_validator("url")
     @classmethod

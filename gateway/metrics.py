@@ -61,6 +61,11 @@ class Metrics:
         self.hosted_dropped = Counter("gateway_hosted_tools_dropped",
                                       "Hosted tools (web_search, mcp, ...) left out of upstream requests",
                                       ["model", "tool"], registry=r)
+        self.store_writes = Counter("gateway_store_writes", "Responses committed to the response store", registry=r)
+        self.store_write_failures = Counter("gateway_store_write_failures",
+                                            "Responses the store failed to save (each is logged with its id)",
+                                            registry=r)
+        self.store_queue = Gauge("gateway_store_queue_depth", "Responses waiting for the store's writer", registry=r)
         self._children: dict[tuple[Any, ...], Any] = {}
         self._reports: dict[tuple[str, str], ReportCounters] = {}
 
@@ -71,6 +76,9 @@ class Metrics:
         if found is None:
             found = self._children[key] = metric.labels(*labels)
         return found
+
+    def store_counters(self) -> StoreCounters:
+        return StoreCounters(self)
 
     def report_counters(self, model: str, upstream: str) -> ReportCounters:
         """The translation counters of one route, to count many reports cheaply."""
@@ -85,6 +93,23 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class StoreCounters:
+    """What the response store's writer reports (gateway.store.writer)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._writes, self._failures = metrics.store_writes, metrics.store_write_failures
+        self._queue = metrics.store_queue
+
+    def written(self, count: int) -> None:
+        self._writes.inc(count)
+
+    def failed(self, count: int) -> None:
+        self._failures.inc(count)
+
+    def queued(self, depth: int) -> None:
+        self._queue.set(depth)
 
 
 class ReportCounters:

@@ -3,11 +3,14 @@
 What is stored: a Response that ended `completed` or `incomplete`, when its request had `store`
 (default true) and a backend is configured. A `failed` Response (upstream broke mid-stream) and a
 stream the client abandoned are not: replaying half an answer would poison the next turn. The save
-happens before the client gets the final Response (body or terminal event), so a client can name it
-as `previous_response_id` at once, on any replica sharing the store. A store that fails to save is
-logged; the client still gets its answer.
+is queued before the client gets the final Response (body or terminal event) and committed after it
+(gateway.store.writer: group commit, off the client's latency); a client can still name it as
+`previous_response_id` at once, on this process (served from the queue) and on any process sharing
+the store (a miss of a recent id waits for the commit). A store that fails to save is logged and
+counted; the client still gets its answer.
 
-The Response is kept as sent, logprobs included; GET strips them unless `include[]` asks again.
+The Response is kept as sent, logprobs included (compactly, gateway.store.codec); GET strips them
+unless `include[]` asks again.
 """
 
 from __future__ import annotations
@@ -115,7 +118,8 @@ class Turn:
         return self.front  # type: ignore[return-value]  # a FrontTranslator by delegation
 
     async def save(self, response: dict[str, Any] | None = None, events: bytes | None = None) -> None:
-        """Awaited by the serving loop once the final Response exists, before it is sent. A background
+        """Awaited by the serving loop once the final Response exists, before it is sent: it queues the save
+        (the SQLite and Redis stores commit after the answer; see gateway.store.writer). A background
         response saves its own: `response` whatever its status (queued at first, then final), with
         `events`; only a completed or incomplete one keeps input items (only those can be continued)."""
         if self.store is None:
@@ -347,11 +351,11 @@ async def list_input_items(request: web.Request) -> web.Response:
 # --- wiring -----------------------------------------------------------------------------------------
 
 
-def add_stored_routes(app: web.Application, config: Config, *, per_key: bool = False) -> None:
+def add_stored_routes(app: web.Application, config: Config, *, per_key: bool = False, counters: Any = None) -> None:
     """Routes, and the store's life cycle (a store that cannot open fails the start). `per_key`: API
     keys are checked (by the gateway or, with `forward_client_key`, by the upstream), so each key's
     responses are its own."""
-    holder = StoreHolder(open_store(config), per_key)
+    holder = StoreHolder(open_store(config, counters), per_key)
     app[STORE_KEY] = holder
     runs = app[BACKGROUND_KEY] = BackgroundRuns(config.limits.background_responses)
     app.router.add_get("/v1/responses/{response_id}", retrieve_response)
@@ -365,7 +369,7 @@ def add_stored_routes(app: web.Application, config: Config, *, per_key: bool = F
 
     async def close(app: web.Application) -> None:
         if holder.store is not None:
-            await holder.store.close()
+            await holder.store.close()  # writes what is still queued first
 
     async def stop_runs(app: web.Application) -> None:
         await runs.stop_all()  # before the store closes: each is saved as failed

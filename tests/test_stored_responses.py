@@ -327,6 +327,7 @@ async def test_failed_stream_is_not_stored(aiohttp_server, vocab):
 async def test_max_responses_prunes_the_oldest(aiohttp_server, vocab, store_config):
     stack = await start_stack(aiohttp_server, vocab, store={**store_config, "max_responses": 2}, replies=REPLIES)
     made = [await stack.client.responses.create(model=stack.model, input="hello") for _ in range(3)]
+    await stack.gateway.app[STORE_KEY].store.flush()  # pruning happens as the writer commits, after the answer
     with pytest.raises(openai.NotFoundError):
         await stack.client.responses.retrieve(made[0].id)
     for kept in made[1:]:
@@ -543,6 +544,7 @@ async def test_item_reference_goes_with_its_pruned_response(aiohttp_server, voca
     stack = await start_stack(aiohttp_server, vocab, store={**any_store, "max_responses": 1}, replies=REPLIES)
     old = await stack.client.responses.create(model=stack.model, input="hello")
     await stack.client.responses.create(model=stack.model, input="last one")
+    await stack.gateway.app[STORE_KEY].store.flush()  # pruning happens as the writer commits, after the answer
     with pytest.raises(openai.BadRequestError) as bad:
         await stack.client.responses.create(model=stack.model, input=[{"type": "item_reference",
                                                                        "id": old.output[0].id}])

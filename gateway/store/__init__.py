@@ -25,6 +25,9 @@ class ResponseStore(Protocol):
 
     async def close(self) -> None: ...
 
+    async def flush(self) -> None:
+        """Return once every save made so far is committed (or has failed and been logged)."""
+
     async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None) -> None:
         """Keep (or replace) the Response under its `id`, with the input items that produced it and, for
         a background response, its stream's events (a JSON array) for replay."""
@@ -113,8 +116,10 @@ class StoreError(ConfigError):
     """The store cannot be opened as configured; the message names the key."""
 
 
-def open_store(gateway_config: Config) -> ResponseStore | None:
-    """The configured backend (not yet opened), or None for `backend: none`."""
+def open_store(gateway_config: Config, counters: Any = None) -> ResponseStore | None:
+    """The configured backend (not yet opened), or None for `backend: none`. SQLite and Redis are saved
+    to through a write-behind queue (gateway.store.writer; `counters` gets its figures); the memory
+    store saves at once."""
     config = gateway_config.store
     if config.backend == "none":
         return None
@@ -122,11 +127,17 @@ def open_store(gateway_config: Config) -> ResponseStore | None:
         from gateway.store.memory import MemoryStore
 
         return MemoryStore(ttl_seconds=config.ttl_seconds, max_responses=config.max_responses)
+    from gateway.store.writer import WriteBehind
+
+    def queued(backend: Any) -> ResponseStore:
+        return WriteBehind(backend, queue_size=config.queue_size, read_wait=config.read_wait_seconds,
+                           counters=counters)
+
     if config.backend == "sqlite":
         from gateway.store.sqlite import SQLiteStore
 
-        return SQLiteStore(gateway_config.resolve(config.path), ttl_seconds=config.ttl_seconds,
-                           max_responses=config.max_responses)
+        return queued(SQLiteStore(gateway_config.resolve(config.path), ttl_seconds=config.ttl_seconds,
+                                  max_responses=config.max_responses))
     # Deployments hand the URL over in the environment, since it may carry a password.
     url = config.url or os.environ.get("RESPONSES_GATEWAY_REDIS_URL")
     if not url:
@@ -134,8 +145,8 @@ def open_store(gateway_config: Config) -> ResponseStore | None:
     # Imported here so that only Redis deployments load the client.
     from gateway.store.redis import RedisStore
 
-    return RedisStore(url, key_prefix=config.key_prefix, ttl_seconds=config.ttl_seconds,
-                      max_responses=config.max_responses)
+    return queued(RedisStore(url, key_prefix=config.key_prefix, ttl_seconds=config.ttl_seconds,
+                             max_responses=config.max_responses))
 
 
 def page_items(items: list[Item], *, limit: int, order: Literal["asc", "desc"], after: str | None

@@ -26,6 +26,9 @@ class MemoryStore:
     async def open(self) -> None:
         pass
 
+    async def flush(self) -> None:
+        pass  # every save is committed before it returns
+
     async def close(self) -> None:
         self._entries.clear()
         self._items.clear()

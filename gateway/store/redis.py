@@ -2,8 +2,10 @@
 
 Each stored item's id (store.item_keys) is a string key `<prefix>item:<key>` holding its response's
 id, with the same TTL: an `item_reference` is two reads.
-Each Response is one hash (`response`, `input_items`) under `<prefix>response:<id>` with a TTL, so
-Redis itself enforces the age limit. A sorted set `<prefix>index` (score: save time in ms) caps the
+Each Response is one hash (`response`, `input_items`, `events`: store.codec's compact form; plain JSON
+as earlier versions wrote it reads too) under `<prefix>response:<id>` with a TTL, so
+Redis itself enforces the age limit. The gateway saves through store.writer: a batch of saves is one
+pipelined transaction. A sorted set `<prefix>index` (score: save time in ms) caps the
 count: a save that takes it past `max_responses` pops the oldest ids (ZPOPMIN is atomic, so two
 replicas never pop the same id) and deletes their hashes. The index gets the TTL too, so an idle
 gateway leaves nothing behind.
@@ -18,7 +20,8 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.store import Item, StoreError, item_keys
+from gateway.store import Item, StoreError, codec, item_keys
+from gateway.store.writer import Write
 
 
 class RedisStore:
@@ -53,24 +56,35 @@ class RedisStore:
             raise StoreError(f"store.url: cannot reach Redis: {exc}") from exc
         self._client = client
 
+    async def flush(self) -> None:
+        pass  # every save is committed before it returns
+
     async def close(self) -> None:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
 
     async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None) -> None:
-        response_id = response["id"]
+        """Save one Response now (the gateway saves through store.writer's queue instead)."""
+        await self.write_batch([Write(response["id"], orjson.dumps(response), orjson.dumps(input_items), events,
+                                      item_keys(response, input_items))])
+
+    async def write_batch(self, writes: list[Write]) -> None:
+        """Every write in one pipelined transaction (one round trip), in the compact form (store.codec)."""
         now_ms = int(time.time() * 1000)
-        key = self._key(response_id)
         async with self.client.pipeline(transaction=True) as pipe:
-            fields = {"response": orjson.dumps(response), "input_items": orjson.dumps(input_items)}
-            pipe.delete(key)  # a save replaces the whole entry (no events left from before)
-            pipe.hset(key, mapping=fields if events is None else {**fields, "events": events})
-            pipe.expire(key, self.ttl_seconds)
-            # Where each item is (an item_reference names it); a pruned response's entries find nothing.
-            for item_key in item_keys(response, input_items):
-                pipe.set(self._item_key(item_key), response_id, ex=self.ttl_seconds)
-            pipe.zadd(self._index, {response_id: now_ms})
+            for order, write in enumerate(writes):
+                response_id, key = write.response_id, self._key(write.response_id)
+                fields = {"response": codec.encode(write.response), "input_items": codec.encode(write.input_items)}
+                if write.events is not None:
+                    fields["events"] = codec.encode(write.events)
+                pipe.delete(key)  # a save replaces the whole entry (no events left from before)
+                pipe.hset(key, mapping=fields)
+                pipe.expire(key, self.ttl_seconds)
+                # Where each item is (an item_reference names it); a pruned response's entries find nothing.
+                for item_key in write.keys:
+                    pipe.set(self._item_key(item_key), response_id, ex=self.ttl_seconds)
+                pipe.zadd(self._index, {response_id: now_ms + order / 1024})  # a batch's saves keep their order
             # Index entries whose hash has expired already.
             pipe.zremrangebyscore(self._index, "-inf", now_ms - self.ttl_seconds * 1000)
             pipe.expire(self._index, self.ttl_seconds)
@@ -83,7 +97,7 @@ class RedisStore:
 
     async def _field(self, response_id: str, field: str) -> Any:
         raw = await self.client.hget(self._key(response_id), field)
-        return None if raw is None else orjson.loads(raw)
+        return None if raw is None else codec.decode(raw)
 
     async def get(self, response_id: str) -> dict[str, Any] | None:
         return await self._field(response_id, "response")

@@ -1,10 +1,11 @@
 """SQLite store: the embedded default, one file that survives restarts.
 
-One worker thread owns the connection and runs every statement, so the event loop never blocks on
-disk and the connection is never shared between threads. WAL lets other gateway processes on the
-same host read while one writes; `synchronous=NORMAL` keeps every committed save across a process
-crash (a power cut may lose the last few). Retention is enforced on every save, and expired rows
-are invisible to reads before that.
+Two threads, each owning its own connection: one writes (a batch of saves is one transaction: group
+commit, see gateway.store.writer), one reads, so the event loop never blocks on disk, no connection is
+shared between threads, and a read never queues behind a commit (WAL lets readers run while a writer
+writes, in this process and in other gateway processes on the same host). `synchronous=NORMAL` keeps
+every committed save across a process crash (a power cut may lose the last few). Retention is enforced
+on every commit, and expired rows are invisible to reads before that.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any, TypeVar
 
 import orjson
 
-from gateway.store import Item, StoreError, item_keys
+from gateway.store import Item, StoreError, codec, item_keys
+from gateway.store.writer import Write
 
 T = TypeVar("T")
 
@@ -28,9 +30,9 @@ CREATE TABLE IF NOT EXISTS responses (
     seq INTEGER PRIMARY KEY,         -- save order: count pruning drops the lowest
     id TEXT NOT NULL UNIQUE,
     saved_at REAL NOT NULL,          -- unix seconds: age pruning
-    response BLOB NOT NULL,          -- the Response, JSON
-    input_items BLOB NOT NULL,       -- its input items, JSON array
-    events BLOB                      -- a background response's stream events, JSON array
+    response BLOB NOT NULL,          -- the Response (store.codec: compact; JSON in files of earlier versions)
+    input_items BLOB NOT NULL,       -- its input items, a list (the same)
+    events BLOB                      -- a background response's stream events, a list (the same)
 );
 CREATE INDEX IF NOT EXISTS responses_saved_at ON responses (saved_at);
 -- Where each stored item is (an item_reference names it); rows go with their response.
@@ -50,22 +52,30 @@ class SQLiteStore:
         self.max_responses = max_responses
         self._clock = clock
         self._executor: ThreadPoolExecutor | None = None
+        self._reader: ThreadPoolExecutor | None = None
         self._db: sqlite3.Connection | None = None
+        self._read_db: sqlite3.Connection | None = None
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         if self._executor is None:
             raise StoreError("the SQLite store is not open")
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
+    async def _run_read(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._reader is None:
+            raise StoreError("the SQLite store is not open")
+        return await asyncio.get_running_loop().run_in_executor(self._reader, fn, *args)
+
     # --- life cycle -----------------------------------------------------------------------------
 
     async def open(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-store")
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-store-reader")
         try:
             await self._run(self._open)
+            await self._run_read(self._open_reader)
         except (OSError, sqlite3.Error) as exc:
-            self._executor.shutdown(wait=False)
-            self._executor = None
+            await self.close()
             raise StoreError(f"store.path: cannot use SQLite file {self.path}: {exc}") from exc
 
     def _open(self) -> None:
@@ -81,42 +91,71 @@ class SQLiteStore:
             db.execute("ALTER TABLE responses ADD COLUMN events BLOB")
         self._db = db
 
+    def _open_reader(self) -> None:
+        db = sqlite3.connect(self.path, isolation_level=None, timeout=10.0)
+        db.execute("PRAGMA foreign_keys=ON")
+        self._read_db = db
+
+    async def flush(self) -> None:
+        pass  # every save is committed before it returns
+
     async def close(self) -> None:
-        if self._executor is None:
-            return
-        await self._run(self._close)
-        self._executor.shutdown(wait=True)
-        self._executor = None
+        if self._reader is not None:
+            await self._run_read(self._close_reader)
+            self._reader.shutdown(wait=True)
+            self._reader = None
+        if self._executor is not None:
+            await self._run(self._close)
+            self._executor.shutdown(wait=True)
+            self._executor = None
 
     def _close(self) -> None:
         if self._db is not None:
             self._db.close()
             self._db = None
 
+    def _close_reader(self) -> None:
+        if self._read_db is not None:
+            self._read_db.close()
+            self._read_db = None
+
     @property
     def _conn(self) -> sqlite3.Connection:
         assert self._db is not None, "used before open()"
         return self._db
 
+    @property
+    def _read_conn(self) -> sqlite3.Connection:
+        assert self._read_db is not None, "used before open()"
+        return self._read_db
+
     # --- operations (each runs on the worker thread) ----------------------------------------------
 
     async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None) -> None:
+        """Save and commit one Response now (the gateway saves through store.writer's queue instead)."""
         # Serialized here, on the loop, so the handler's dicts are never read from another thread.
-        await self._run(self._save, response["id"], orjson.dumps(response), orjson.dumps(input_items), events,
-                        item_keys(response, input_items))
+        await self.write_batch([Write(response["id"], orjson.dumps(response), orjson.dumps(input_items), events,
+                                      item_keys(response, input_items))])
 
-    def _save(self, response_id: str, response: bytes, input_items: bytes, events: bytes | None,
-              keys: list[str]) -> None:
+    async def write_batch(self, writes: list[Write]) -> None:
+        """All the writes in one transaction (group commit); encoded on the store's thread."""
+        await self._run(self._save, [(w.response_id, w.response, w.input_items, w.events, w.keys) for w in writes])
+
+    def _save(self, writes: list[tuple[str, bytes, bytes, bytes | None, list[str]]]) -> None:
+        rows = [(response_id, codec.encode(response), codec.encode(input_items),
+                 None if events is None else codec.encode(events), keys)
+                for response_id, response, input_items, events, keys in writes]
         now = self._clock()
         db = self._conn
         db.execute("BEGIN IMMEDIATE")
         try:
-            # Deleted first, not replaced: REPLACE's implicit delete is not a DELETE for the item rows' cascade.
-            db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
-            db.execute("INSERT INTO responses (id, saved_at, response, input_items, events) "
-                       "VALUES (?, ?, ?, ?, ?)", (response_id, now, response, input_items, events))
-            db.executemany("INSERT OR REPLACE INTO items (key, response_id) VALUES (?, ?)",
-                           [(key, response_id) for key in keys])
+            for response_id, response, input_items, events, keys in rows:
+                # Deleted first, not replaced: REPLACE's implicit delete is not a DELETE for the item rows' cascade.
+                db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+                db.execute("INSERT INTO responses (id, saved_at, response, input_items, events) "
+                           "VALUES (?, ?, ?, ?, ?)", (response_id, now, response, input_items, events))
+                db.executemany("INSERT OR REPLACE INTO items (key, response_id) VALUES (?, ?)",
+                               [(key, response_id) for key in keys])
             db.execute("DELETE FROM responses WHERE saved_at < ?", (now - self.ttl_seconds,))
             # Everything older than the newest max_responses rows.
             db.execute("DELETE FROM responses WHERE seq <= (SELECT seq FROM responses ORDER BY seq DESC "
@@ -127,27 +166,27 @@ class SQLiteStore:
             raise
 
     def _read(self, column: str, response_id: str) -> Any:
-        row = self._conn.execute(f"SELECT {column} FROM responses WHERE id = ? AND saved_at >= ?",
+        row = self._read_conn.execute(f"SELECT {column} FROM responses WHERE id = ? AND saved_at >= ?",
                                  (response_id, self._clock() - self.ttl_seconds)).fetchone()
-        return None if row is None or row[0] is None else orjson.loads(row[0])
+        return None if row is None or row[0] is None else codec.decode(row[0])
 
     async def get(self, response_id: str) -> dict[str, Any] | None:
-        return await self._run(self._read, "response", response_id)
+        return await self._run_read(self._read, "response", response_id)
 
     async def input_items(self, response_id: str) -> list[Item] | None:
-        return await self._run(self._read, "input_items", response_id)
+        return await self._run_read(self._read, "input_items", response_id)
 
     async def events(self, response_id: str) -> list[dict[str, Any]] | None:
-        return await self._run(self._read, "events", response_id)
+        return await self._run_read(self._read, "events", response_id)
 
     async def delete(self, response_id: str) -> bool:
         return await self._run(self._delete, response_id)
 
     async def item_owner(self, item_key: str) -> str | None:
-        return await self._run(self._item_owner, item_key)
+        return await self._run_read(self._item_owner, item_key)
 
     def _item_owner(self, item_key: str) -> str | None:
-        row = self._conn.execute("SELECT items.response_id FROM items JOIN responses ON responses.id = "
+        row = self._read_conn.execute("SELECT items.response_id FROM items JOIN responses ON responses.id = "
                                  "items.response_id WHERE items.key = ? AND responses.saved_at >= ?",
                                  (item_key, self._clock() - self.ttl_seconds)).fetchone()
         return None if row is None else row[0]

@@ -8,13 +8,27 @@ numbers, never null, for temperature, top_p and top_logprobs).
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 
 def new_id(prefix: str) -> str:
-    """`resp_`, `msg_`, ... followed by 48 hex digits, as OpenAI's ids are shaped."""
-    return f"{prefix}_{secrets.token_hex(24)}"
+    """`resp_`, `msg_`, ... followed by 48 hex digits, as OpenAI's ids are shaped: the first 12 are the
+    creation time (unix milliseconds), the other 36 random (144 bits). The response store uses the time
+    to tell an id that may still be on its way to the store (read your own writes) from an unknown one."""
+    return f"{prefix}_{int(time.time() * 1000) & 0xFFFF_FFFF_FFFF:012x}{secrets.token_hex(18)}"
+
+
+def id_created_at(item_id: str) -> float | None:
+    """When `new_id` made the id (unix seconds), or None for an id it cannot have made."""
+    _, _, digits = item_id.rpartition("_")
+    if len(digits) != 48:
+        return None
+    try:
+        return int(digits[:12], 16) / 1000
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,171 @@
+"""How stored JSON is kept on disk (SQLite) and in Redis: compact, and read back exactly.
+
+A 100-token Response with k=5 alternatives is ~36 KB of JSON, nearly all of it logprobs: 600 entries
+that each spell out `token`, `logprob`, `bytes` (a list of numbers) and a key per field. The same
+information is a token table (each distinct byte string once), one index per entry, one float per
+entry and one alternatives count per position. `encode` stores every Responses logprobs list of the
+usual shape (`render_responses`: `{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob",
+"bytes"}]}` with `token` the bytes decoded as `render_responses` decodes them, and float logprobs) that
+way, the rest of the value as JSON, and deflates the lot. The logprobs are float32 when every one of
+the value's floats is exactly a float32 (what vLLM and llama.cpp send: their logprobs are float32
+numbers printed in full), else float64, so `decode(encode(v))` is `v` again, float for float, with the
+same key order (`orjson.dumps` of both is the same bytes). A list of any other shape is kept as JSON.
+
+A value written before this format (plain JSON: it starts with `{` or `[`) is read as it is.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import zlib
+from array import array
+from typing import Any
+
+import orjson
+
+MAGIC = b"RGC1"  # never the first bytes of JSON
+_HEADER = struct.Struct("<IIIIIIB")  # lengths: skeleton, table, list lengths, counts, indices, floats; float kind
+
+# The JSON orjson writes for a Responses logprobs list of the usual shape (render_responses). A quote
+# inside a JSON string is escaped, so `"logprobs":[{"token":` never matches inside one.
+_STR = rb'"(?:[^"\\]|\\.)*"'
+_NUM = rb"-?\d+(?:\.\d+(?:e[-+]?\d+)?|e[-+]?\d+)"  # a float as orjson writes it (an int has neither . nor e)
+_BYTES = rb"\[(?:\d+(?:,\d+)*)?\]"
+_TOP = rb'\{"token":' + _STR + rb',"logprob":' + _NUM + rb',"bytes":' + _BYTES + rb"\}"
+_ENTRY = (rb'\{"token":' + _STR + rb',"logprob":' + _NUM + rb',"bytes":' + _BYTES + rb',"top_logprobs":\[(?:'
+          + _TOP + rb"(?:," + _TOP + rb")*)?\]\}")
+_LIST = re.compile(rb'"logprobs":\[(' + _ENTRY + rb"(?:," + _ENTRY + rb")*)\]")
+# Each entry and each alternative, in order; the 4th group is set for an entry (its alternatives follow).
+_ITEM = re.compile(rb'\{"token":(' + _STR + rb'),"logprob":(' + _NUM + rb'),"bytes":\[([\d,]*)\](,"top)?')
+_INT_LOGPROBS = re.compile(rb'"logprobs":-?\d')  # would read back as a stripped list: then nothing is stripped
+
+
+class _Columns:
+    def __init__(self) -> None:
+        self.table: dict[tuple[bytes, bytes], int] = {}  # (token JSON, byte values text) -> index
+        self.data: list[bytes] = []  # the table's byte strings, by index
+        self.list_lengths: list[int] = []
+        self.top_counts: list[int] = []
+        self.indices: list[int] = []
+        self.numbers: list[bytes] = []
+
+    def _add(self, key: tuple[bytes, bytes]) -> int:
+        token, text = key
+        data = bytes(int(b) for b in text.split(b",")) if text else b""  # ValueError past 255
+        if b",".join(str(b).encode() for b in data) != text or orjson.dumps(
+                data.decode("utf-8", "backslashreplace")) != token:
+            raise ValueError("not the usual entry")  # the token is not its bytes as render_responses spells them
+        index = self.table[key] = len(self.data)
+        self.data.append(data)
+        return index
+
+    def take(self, match: re.Match[bytes]) -> bytes:
+        """The list's columns appended; its place in the skeleton (`"logprobs":N`)."""
+        table, indices, counts, numbers = self.table, self.indices, self.top_counts, self.numbers
+        marks = (len(indices), len(counts))
+        try:
+            entries = 0
+            for token, number, text, head in _ITEM.findall(match.group(1)):
+                key = (token, text)
+                index = table.get(key)
+                indices.append(self._add(key) if index is None else index)
+                numbers.append(number)
+                if head:
+                    counts.append(0)
+                    entries += 1
+                else:
+                    counts[-1] += 1
+        except (ValueError, IndexError):
+            del indices[marks[0]:], numbers[marks[0]:], counts[marks[1]:]
+            return match.group(0)
+        self.list_lengths.append(entries)
+        return b'"logprobs":%d' % (len(self.list_lengths) - 1)
+
+
+def encode(value: Any, level: int = 6) -> bytes:
+    """`value` (JSON bytes as orjson writes them, or a JSON value) in the compact form."""
+    raw = value if isinstance(value, bytes) else orjson.dumps(value)
+    columns = _Columns()
+    skeleton = raw if _INT_LOGPROBS.search(raw) else _LIST.sub(columns.take, raw)
+    values = list(map(float, columns.numbers))
+    floats = array("f", values)
+    kind = 4
+    if array("d", floats).tobytes() != array("d", values).tobytes():  # not all float32 (or a -0.0 lost)
+        floats, kind = array("d", values), 8
+    try:
+        counts = array("B", columns.top_counts)
+    except OverflowError:  # more than 255 alternatives somewhere: keep it all as JSON
+        return encode_plain(raw, level)
+    table = orjson.dumps([_plain(data) for data in columns.data])
+    parts = [skeleton, table, array("I", columns.list_lengths).tobytes(), counts.tobytes(),
+             array("I", columns.indices).tobytes(), floats.tobytes()]
+    header = _HEADER.pack(*(len(part) for part in parts), kind)
+    return MAGIC + zlib.compress(header + b"".join(parts), level)
+
+
+def encode_plain(raw: bytes, level: int = 6) -> bytes:
+    """JSON bytes deflated, with no columns (what `decode` reads as well)."""
+    header = _HEADER.pack(len(raw), 2, 0, 0, 0, 0, 4)
+    return MAGIC + zlib.compress(header + raw + b"[]", level)
+
+
+def _plain(data: bytes) -> str | list[int]:
+    """The table keeps a byte string as text when it is valid UTF-8 (shorter), else as its byte values."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
+
+
+def decode(blob: bytes) -> Any:
+    """The value `encode` was given (or a plain JSON value written before this format)."""
+    if not blob.startswith(MAGIC):
+        return orjson.loads(blob)
+    raw = memoryview(zlib.decompress(blob[len(MAGIC):]))
+    *sizes, kind = _HEADER.unpack_from(raw)
+    offset, parts = _HEADER.size, []
+    for size in sizes:
+        parts.append(raw[offset:offset + size])
+        offset += size
+    skeleton = orjson.loads(parts[0])
+    if not sizes[2]:
+        return skeleton
+    table = [entry.encode() if type(entry) is str else bytes(entry) for entry in orjson.loads(parts[1])]
+    rendered = [(data.decode("utf-8", "backslashreplace"), list(data)) for data in table]
+    list_lengths, counts, indices = array("I"), array("B"), array("I")
+    list_lengths.frombytes(parts[2])
+    counts.frombytes(parts[3])
+    indices.frombytes(parts[4])
+    floats = array("f" if kind == 4 else "d")
+    floats.frombytes(parts[5])
+    values = floats.tolist()
+    lists: list[list[dict[str, Any]]] = []
+    at = position = 0
+    for length in list_lengths:
+        entries = []
+        for count in counts[position:position + length]:
+            token, data = rendered[indices[at]]
+            top = []
+            for j in range(at + 1, at + 1 + count):
+                top_token, top_data = rendered[indices[j]]
+                top.append({"token": top_token, "logprob": values[j], "bytes": list(top_data)})
+            entries.append({"token": token, "logprob": values[at], "bytes": list(data), "top_logprobs": top})
+            at += 1 + count
+        position += length
+        lists.append(entries)
+    return _restore(skeleton, lists)
+
+
+def _restore(value: Any, lists: list[list[dict[str, Any]]]) -> Any:
+    if type(value) is dict:
+        for key, item in value.items():
+            if key == "logprobs" and type(item) is int:
+                value[key] = lists[item]
+            elif type(item) is dict or type(item) is list:
+                _restore(item, lists)
+    elif type(value) is list:
+        for item in value:
+            if type(item) is dict or type(item) is list:
+                _restore(item, lists)
+    return value

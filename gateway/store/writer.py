@@ -1,0 +1,263 @@
+"""Saving off the critical path: a write-behind queue with group commit, and reads that see it.
+
+`save` only queues the Response (already serialized, so the handler's dicts are never read again)
+and returns: the client gets its answer without waiting for the disk or the network. One writer
+task per store takes everything pending, up to `batch_size`, and hands it to the backend's
+`write_batch` (SQLite: one transaction; Redis: one pipelined round trip), then the next batch:
+under load many Responses share a commit, idle a save is committed at once.
+
+Bounded: at most `queue_size` saves wait. When the queue is full, `save` waits for room, so the
+request that saves (its answer not yet sent, or its stream's terminal event not yet written) is held
+back until the writer catches up: backpressure on the clients instead of memory without bound.
+
+Failures: a batch that fails is retried one save at a time, so one bad save loses only itself; a
+save that still fails is logged with its id and counted (`gateway_store_write_failures_total`).
+
+Read your own writes:
+- In this process, a save still queued (or in the batch being written) is served from memory: every
+  read (`get`, `input_items`, `events`, `item_owner`) looks there first, and `delete` waits for it.
+- Across processes (workers on one SQLite file, replicas on one Redis), a read that misses an id
+  `new_id` made within the last `horizon` seconds (ids carry their creation time) polls the backend
+  for up to `read_wait` seconds before answering "not found": the process that answered is committing
+  it (its writer commits within milliseconds unless its queue is full or the backend is down).
+
+`close` (graceful shutdown) writes everything queued before closing the backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from gateway.store import Item, item_keys
+from gateway.translate.response_object import id_created_at
+
+log = logging.getLogger("responses_gateway.store")
+
+
+@dataclass(slots=True, eq=False)
+class Write:
+    """One queued save, as the backend gets it: JSON bytes, never the handler's dicts."""
+
+    response_id: str
+    response: bytes
+    input_items: bytes
+    events: bytes | None
+    keys: list[str]
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class BatchBackend(Protocol):
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def write_batch(self, writes: list[Write]) -> None:
+        """Keep every write (in order: a later write of the same id replaces an earlier one), all or none."""
+
+    async def get(self, response_id: str) -> dict[str, Any] | None: ...
+
+    async def input_items(self, response_id: str) -> list[Item] | None: ...
+
+    async def events(self, response_id: str) -> list[dict[str, Any]] | None: ...
+
+    async def delete(self, response_id: str) -> bool: ...
+
+    async def item_owner(self, item_key: str) -> str | None: ...
+
+
+class StoreCounters(Protocol):
+    def written(self, count: int) -> None: ...
+
+    def failed(self, count: int) -> None: ...
+
+    def queued(self, depth: int) -> None: ...
+
+
+class _NoCounters:
+    def written(self, count: int) -> None:
+        pass
+
+    def failed(self, count: int) -> None:
+        pass
+
+    def queued(self, depth: int) -> None:
+        pass
+
+
+def _is_recent(key: str, horizon: float) -> bool:
+    created = id_created_at(key.rpartition("/")[2])
+    return created is not None and time.time() - horizon <= created <= time.time() + 60  # 60 s of clock skew
+
+
+class WriteBehind:
+    """A ResponseStore over a `BatchBackend`: saves queued and group-committed, reads that see them."""
+
+    def __init__(self, backend: BatchBackend, *, queue_size: int = 1024, batch_size: int = 256,
+                 read_wait: float = 2.0, horizon: float = 3600.0, counters: StoreCounters | None = None) -> None:
+        self.backend = backend
+        self.queue_size = queue_size
+        self.batch_size = batch_size
+        self.read_wait = read_wait
+        self.horizon = horizon
+        self.counters: StoreCounters = counters or _NoCounters()
+        self._queue: deque[Write] = deque()
+        self._pending: dict[str, Write] = {}  # the newest queued or in-flight write of each id
+        self._pending_items: dict[str, str] = {}  # item key -> response id, for the pending writes
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # --- life cycle -----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        await self.backend.open()
+        self._closing = False
+        self._task = asyncio.create_task(self._writer(), name="response-store writer")
+
+    async def close(self) -> None:
+        """Write everything queued, then close the backend."""
+        if self._task is None:
+            return
+        self._closing = True
+        self._wake.set()
+        await self._task
+        self._task = None
+        await self.backend.close()
+
+    async def flush(self) -> None:
+        """Wait until every save queued so far is written (or has failed)."""
+        writes = list(self._pending.values())
+        for write in writes:
+            await write.done.wait()
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    # --- saving ---------------------------------------------------------------------------------
+
+    async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None) -> None:
+        if self._task is None or self._closing:
+            raise RuntimeError("the response store is closed")
+        write = Write(response["id"], orjson.dumps(response), orjson.dumps(input_items), events,
+                      item_keys(response, input_items))
+        while len(self._queue) >= self.queue_size:  # backpressure: wait for the writer to make room
+            self._room.clear()
+            await self._room.wait()
+        self._queue.append(write)
+        self._pending[write.response_id] = write
+        for key in write.keys:
+            self._pending_items[key] = write.response_id
+        self.counters.queued(len(self._queue))
+        self._wake.set()
+
+    async def _writer(self) -> None:
+        while True:
+            if not self._queue:
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = [self._queue.popleft() for _ in range(min(self.batch_size, len(self._queue)))]
+            self._room.set()
+            self.counters.queued(len(self._queue))
+            try:
+                await self._write(batch)
+            finally:
+                self._settle(batch)
+
+    async def _write(self, batch: list[Write]) -> None:
+        try:
+            await self.backend.write_batch(batch)
+            self.counters.written(len(batch))
+            return
+        except Exception:
+            if len(batch) == 1:
+                self._failed(batch[0])
+                return
+            log.warning("a batch of %d responses failed to store; retrying them one by one", len(batch),
+                        exc_info=True)
+        for write in batch:
+            try:
+                await self.backend.write_batch([write])
+                self.counters.written(1)
+            except Exception:
+                self._failed(write)
+
+    def _failed(self, write: Write) -> None:
+        log.exception("could not store response %s", write.response_id.rpartition("/")[2])
+        self.counters.failed(1)
+
+    def _settle(self, batch: list[Write]) -> None:
+        for write in batch:
+            if self._pending.get(write.response_id) is write:
+                del self._pending[write.response_id]
+                for key in write.keys:
+                    if self._pending_items.get(key) == write.response_id:
+                        del self._pending_items[key]
+            write.done.set()
+
+    # --- reading (pending writes first) -------------------------------------------------------------
+
+    async def _waiting(self, key: str, read: Callable[[], Awaitable[Any]]) -> Any:
+        """`read()`, and while it finds nothing for a recent id, again until `read_wait` has passed."""
+        found = await read()
+        if found is not None or self.read_wait <= 0 or not _is_recent(key, self.horizon):
+            return found
+        deadline = time.monotonic() + self.read_wait
+        pause = 0.002
+        while found is None and time.monotonic() < deadline:
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
+            found = await read()
+        return found
+
+    async def get(self, response_id: str) -> dict[str, Any] | None:
+        write = self._pending.get(response_id)
+        if write is not None:
+            return orjson.loads(write.response)
+        return await self._waiting(response_id, lambda: self._get_committed(response_id))
+
+    async def _get_committed(self, response_id: str) -> dict[str, Any] | None:
+        # A save queued while the backend was read is newer than what the backend had.
+        found = await self.backend.get(response_id)
+        write = self._pending.get(response_id)
+        return orjson.loads(write.response) if write is not None else found
+
+    async def input_items(self, response_id: str) -> list[Item] | None:
+        write = self._pending.get(response_id)
+        if write is not None:
+            return orjson.loads(write.input_items)
+        return await self._waiting(response_id, lambda: self.backend.input_items(response_id))
+
+    async def events(self, response_id: str) -> list[dict[str, Any]] | None:
+        write = self._pending.get(response_id)
+        if write is not None:
+            return None if write.events is None else orjson.loads(write.events)
+        return await self.backend.events(response_id)  # asked only of a Response found already
+
+    async def item_owner(self, item_key: str) -> str | None:
+        owner = self._pending_items.get(item_key)
+        if owner is not None:
+            return owner
+        return await self._waiting(item_key, lambda: self._owner_committed(item_key))
+
+    async def _owner_committed(self, item_key: str) -> str | None:
+        found = await self.backend.item_owner(item_key)
+        return self._pending_items.get(item_key, found)
+
+    async def delete(self, response_id: str) -> bool:
+        write = self._pending.get(response_id)
+        if write is not None:
+            await write.done.wait()  # then delete what was committed
+        return await self.backend.delete(response_id)

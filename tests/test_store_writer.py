@@ -1,0 +1,182 @@
+"""Saving off the critical path (gateway.store.writer): answers never wait for the commit, yet a request
+that names the new id at once finds it, on the same gateway and on another one over the same SQLite
+file or Redis; SIGTERM writes what is queued; a failed write is logged and counted.
+
+A commit is held back for real: another connection holds the SQLite file's write lock (BEGIN
+IMMEDIATE), as a busy second process would, or the Redis server is stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import orjson
+import pytest
+
+from gateway.logprobs.demo_vocab import build_demo_vocab
+from gateway.simulator.vllm import create_app as create_simulator
+from gateway.store import codec
+from gateway.stored_routes import STORE_KEY
+from tests.e2e import LOGPROBS, start_stack
+from tests.test_stored_responses import REPLIES, _redis_store, redis_url  # noqa: F401  (the session's redis-server)
+
+EXE = str(Path(sys.executable).parent / "responses-gateway")
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    return build_demo_vocab()
+
+
+@contextmanager
+def _write_lock(path: Path):
+    """Hold the file's write lock (as another process mid-transaction would): no commit gets through."""
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        db.execute("ROLLBACK")
+        db.close()
+
+
+def _committed(path: Path) -> set[str]:
+    with sqlite3.connect(path) as db:
+        return {row[0] for row in db.execute("SELECT id FROM responses")}
+
+
+async def test_a_pending_save_is_read_back_on_the_same_gateway(aiohttp_server, vocab, tmp_path):
+    path = tmp_path / "r.sqlite3"
+    stack = await start_stack(aiohttp_server, vocab, store={"backend": "sqlite", "path": str(path)}, replies=REPLIES)
+    await stack.client.responses.create(model=stack.model, input="hello")  # the file and its tables exist
+    with _write_lock(path):
+        first = await stack.client.responses.create(model=stack.model, input="hello", include=LOGPROBS,
+                                                    top_logprobs=5)
+        assert first.id not in _committed(path)  # answered while its commit cannot happen
+        assert (await stack.client.responses.retrieve(first.id, include=LOGPROBS)).model_dump() == first.model_dump()
+        second = await stack.client.responses.create(model=stack.model, input="and then?",
+                                                     previous_response_id=first.id)
+        assert second.output_text == "Then more."
+        third = await stack.client.responses.create(model=stack.model, input=[
+            {"type": "item_reference", "id": first.output[0].id}, {"role": "user", "content": "last one"}])
+        assert third.output_text == "Bye now."
+        items = await stack.client.responses.input_items.list(second.id, order="asc")
+        assert [item.type for item in items.data] == ["message"] * 3
+    await stack.gateway.app[STORE_KEY].store.flush()
+    assert {first.id, second.id, third.id} <= _committed(path)
+    assert await stack.client.responses.delete(first.id) is None
+    with pytest.raises(openai.NotFoundError):
+        await stack.client.responses.retrieve(first.id)
+
+
+async def test_another_gateway_on_the_same_file_waits_for_the_commit(aiohttp_server, vocab, tmp_path):
+    """Two gateways (as two workers would) on one SQLite file: the second is asked for an id the first
+    answered but has not committed; it waits for the commit instead of answering 404."""
+    path = tmp_path / "r.sqlite3"
+    store = {"backend": "sqlite", "path": str(path), "read_wait_seconds": 30}
+    one = await start_stack(aiohttp_server, vocab, store=store, replies=REPLIES)
+    upstream = str(one.simulator.make_url("")).rstrip("/")
+    two = await start_stack(aiohttp_server, vocab, upstream_url=upstream, store=store, replies=REPLIES)
+    await one.client.responses.create(model=one.model, input="hello")
+    with _write_lock(path):
+        first = await one.client.responses.create(model=one.model, input="hello")
+        retrieving = asyncio.create_task(two.client.responses.retrieve(first.id))
+        continuing = asyncio.create_task(two.client.responses.create(model=two.model, input="and then?",
+                                                                     previous_response_id=first.id))
+        await asyncio.sleep(0.3)
+        # Not committed, so the second gateway cannot have found it yet, and it has not said 404 either.
+        assert first.id not in _committed(path) and not retrieving.done() and not continuing.done()
+    assert (await retrieving).output_text == "Hi there."
+    assert (await continuing).output_text == "Then more."
+    # An id nobody made recently is not waited for: an old-style random id answers 404 at once.
+    with pytest.raises(openai.NotFoundError):
+        await two.client.responses.retrieve("resp_" + "f" * 48)
+
+
+async def test_redis_replicas_read_each_others_writes(aiohttp_server, vocab, redis_url):  # noqa: F811
+    store = _redis_store(redis_url)
+    one = await start_stack(aiohttp_server, vocab, store=store, replies=REPLIES)
+    two = await start_stack(aiohttp_server, vocab, upstream_url=str(one.simulator.make_url("")).rstrip("/"),
+                            store=store, replies=REPLIES)
+    made = await asyncio.gather(*(one.client.responses.create(model=one.model, input="hello", include=LOGPROBS,
+                                                              top_logprobs=5) for _ in range(20)))
+    seen = await asyncio.gather(*(two.client.responses.retrieve(m.id, include=LOGPROBS) for m in made))
+    assert [s.model_dump() for s in seen] == [m.model_dump() for m in made]
+    raw = await two.gateway.app[STORE_KEY].store.backend.client.hget(f"{store['key_prefix']}response:{made[0].id}",
+                                                                     "response")
+    assert raw.startswith(codec.MAGIC)  # the compact form, not JSON
+
+
+async def test_a_failed_write_is_logged_and_counted(aiohttp_server, vocab, tmp_path, caplog):
+    """The file's write lock is held past the writer's busy timeout (shortened here from 10 s), so its
+    commit fails with SQLite's own "database is locked": the client still gets its answer, the failure
+    is logged with the id and counted in /metrics."""
+    path = tmp_path / "r.sqlite3"
+    stack = await start_stack(aiohttp_server, vocab, store={"backend": "sqlite", "path": str(path)}, replies=REPLIES)
+    backend = stack.gateway.app[STORE_KEY].store.backend
+    await backend._run(lambda: backend._conn.execute("PRAGMA busy_timeout=50"))  # on the writer's own thread
+    with _write_lock(path):
+        created = await stack.client.responses.create(model=stack.model, input="hello")
+        assert created.output_text == "Hi there."
+        await stack.gateway.app[STORE_KEY].store.flush()
+    async with aiohttp.ClientSession() as session, session.get(stack.url("/metrics")) as reply:
+        metrics = await reply.text()
+    assert "gateway_store_write_failures_total 1.0" in metrics
+    assert f"could not store response {created.id}" in caplog.text
+    with pytest.raises(openai.NotFoundError):  # lost, and said so in the log and the metric; never a hang
+        await stack.client.responses.retrieve(created.id)
+
+
+async def test_sigterm_writes_every_queued_response_before_exiting(aiohttp_server, tmp_path):
+    """A real `responses-gateway serve`: responses answered while their commit is held back are all in
+    the file after SIGTERM (the drain writes the queue before the process exits)."""
+    simulator = await aiohttp_server(create_simulator(build_demo_vocab(), "demo-model"))
+    path = tmp_path / "r.sqlite3"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "upstreams": {"sim": {"urls": [str(simulator.make_url("")).rstrip("/")], "health_interval": 0}},
+        "models": {"demo-model": {"upstream": "sim", "tokenizer": {"builtin": "demo"}}},
+        "store": {"backend": "sqlite", "path": str(path)}}))
+    process = await asyncio.create_subprocess_exec(EXE, "serve", "--config", str(config), "--port", "0",
+                                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        while True:
+            line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+            assert line, "the gateway exited before listening"
+            if "responses-gateway on http://" in line:
+                base = line.split()[2]
+                break
+        body: dict[str, Any] = {"model": "demo-model", "input": "hi", "max_output_tokens": 8}
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{base}/v1/responses", json=body) as reply:
+                assert reply.status == 200  # the file and its tables exist
+            with _write_lock(path):
+                async def create(stream: bool) -> str:
+                    async with session.post(f"{base}/v1/responses", json={**body, "stream": stream}) as reply:
+                        raw = await reply.read()
+                    if not stream:
+                        return orjson.loads(raw)["id"]
+                    first = raw.split(b"data: ", 1)[1].split(b"\n", 1)[0]
+                    return orjson.loads(first)["response"]["id"]
+
+                made = await asyncio.gather(*(create(i % 2 == 1) for i in range(24)))
+                assert not set(made) & _committed(path)
+                process.send_signal(signal.SIGTERM)
+                await asyncio.sleep(0.5)  # the gateway is draining, its writer still held back by the lock
+                assert process.returncode is None
+        assert await asyncio.wait_for(process.wait(), 60) == 0
+        assert set(made) <= _committed(path)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
