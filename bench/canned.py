@@ -71,7 +71,7 @@ def gateway_config(upstream_url: str, upstream_model: str, tokenizer: dict[str, 
                       for api in APIS},
         "models": {f"bench-{api}": {"upstream": api, "upstream_model": upstream_model, "tokenizer": tokenizer}
                    for api in APIS},
-        # Stored responses are a feature of their own (a write per response); measured apart.
+        # `python -m bench` runs with the default store (sqlite); bench.store compares it with none.
         "store": {"backend": store},
     }
     if port is not None:

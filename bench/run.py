@@ -594,8 +594,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                         help="first wait up to this long for other processes to leave the cores (shared machines)")
     parser.add_argument("--cells", help="only cells whose key (api/mode/kK/nN/cC) matches this regular expression")
-    parser.add_argument("--store", default="none", choices=["none", "memory", "sqlite"],
-                        help="the gateway's response store (default none: storing is measured apart)")
+    parser.add_argument("--store", default="sqlite", choices=["none", "memory", "sqlite"],
+                        help="the gateway's response store (default sqlite, as a user gets it; `python -m "
+                             "bench.store` puts it next to store: none)")
     parser.add_argument("--gateway-src", type=Path,
                         help="run the gateway from this source tree (holding gateway/ and schemas/): A/B runs")
     args = parser.parse_args(argv)

@@ -29,3 +29,17 @@ def test_tiny_benchmark_run_writes_a_complete_report_with_no_errors(tmp_path):
     assert TABLE_HEAD in markdown
     rows = [line for line in markdown.splitlines() if line.startswith(("| chat |", "| completions |"))]
     assert len(rows) == len(data["cells"]) + len(data["many_streams"])
+
+
+def test_store_benchmark_compares_the_default_store_with_none_and_measures_the_file(tmp_path):
+    from bench import store
+
+    report = store.run(tmp_path, rounds=1, duration=0.05, pin=False, demo_vocab=True, progress=False)
+    assert set(report["summary"]) == {"sqlite", "none"}
+    for row in report["summary"].values():
+        assert row["errors"] == 0 and row["streams_per_s"] > 0 and row["nonstream_added_p50_ms"] is not None
+    figures = report["file"]
+    assert figures["responses"] > 0
+    # What each stored 100-token k=5 Response takes in its row (issue 19: at most 8 KB on disk).
+    assert figures["blob_bytes_per_response"] <= 8192
+    assert "Bytes per stored response" in store.markdown(report, "pytest")

@@ -1,0 +1,128 @@
+"""What the response store costs: the default configuration (store on, SQLite) against `store: none`.
+
+    .venv/bin/python -m bench.store                 # ~2 minutes: 3 interleaved rounds of each row
+    .venv/bin/python -m bench.store --gateway-src DIR   # the same for another source tree (A/B)
+
+Rows, each driven against the direct upstream, the relay and the gateway back to back (bench/run.py's
+cells): non-streamed Responses, 100 tokens, k=5, concurrency 1 (added p50, the gateway's against the
+relay's) and streamed, 100 tokens, k=5, concurrency 16 (streams/s). The two stacks run one after the
+other, round after round, so machine noise hits both alike; medians over rounds. Then the SQLite file:
+its size after a WAL checkpoint over the responses it holds (bytes per stored response), and after
+VACUUM. Targets (issue 19): the default store costs at most 15% over `store: none`; a stored
+100-token k=5 response takes at most 8 KB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.canned import Case, record_to_file
+from bench.run import QUICK, ROOT, Plan, _median, machine, run_cell, start_stack
+
+ROWS = ((Case("chat", False, 5, 100), 1), (Case("chat", True, 5, 100), 16))
+CONFIGS = ("sqlite", "none")
+
+
+def _file_figures(path: Path) -> dict[str, Any]:
+    db = sqlite3.connect(path)
+    try:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        count = db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+        size = path.stat().st_size
+        payload = db.execute("SELECT SUM(LENGTH(response) + LENGTH(input_items)) FROM responses").fetchone()[0]
+        db.execute("VACUUM")
+        vacuumed = path.stat().st_size
+    finally:
+        db.close()
+    return {"responses": count, "file_bytes": size, "bytes_per_response": size / count if count else None,
+            "vacuumed_bytes_per_response": vacuumed / count if count else None,
+            "blob_bytes_per_response": payload / count if count else None}
+
+
+def run(out: Path, rounds: int, duration: float, gateway_src: Path | None = None, *, pin: bool = True,
+        demo_vocab: bool = False, progress: bool = True) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    canned_path = out / "canned.json"
+    canned = record_to_file([case for case, _ in ROWS], canned_path, use_qwen2=False if demo_vocab else None)
+    plan = Plan(**{**QUICK.__dict__, "duration": duration, "max_seconds": max(4 * duration, 2.0)})
+    cells: dict[str, dict[str, list[dict[str, Any]]]] = {c: {case.key: [] for case, _ in ROWS} for c in CONFIGS}
+    db_path = out / "responses.sqlite3"  # the generated config's default path, next to it
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db_path}{suffix}").unlink(missing_ok=True)
+    for round_ in range(rounds):
+        for config in CONFIGS:
+            with start_stack(canned, canned_path, out, burst=False, pin=pin, store=config,
+                             gateway_src=gateway_src) as stack:
+                for case, conc in ROWS:
+                    cell = run_cell(stack, canned, case, conc, plan)
+                    cells[config][case.key].append(cell)
+                    g = cell["gateway"]
+                    if progress:
+                            print(f"round {round_ + 1} store={config} {case.key} c={conc}: gw p50 "
+                              f"{g['p50_ms']:.2f} ms, {g['rps']:.1f}/s (relay {cell['relay']['rps']:.1f}/s), "
+                              f"errors {g['errors']}",
+                              flush=True)
+    figures = _file_figures(db_path)
+    summary: dict[str, Any] = {}
+    for config in CONFIGS:
+        full, stream = (cells[config][case.key] for case, _ in ROWS)
+        summary[config] = {
+            "nonstream_added_p50_ms": _median([c["added_p50_ms"]["gateway"] for c in full]),
+            "relay_added_p50_ms": _median([c["added_p50_ms"]["relay"] for c in full]),
+            "nonstream_over_relay": _median([c["added_p50_ms"]["gateway_over_relay"] or 0 for c in full]),
+            "streams_per_s": _median([c["gateway"]["rps"] for c in stream]),
+            "relay_streams_per_s": _median([c["relay"]["rps"] for c in stream]),
+            "errors": sum(c["gateway"]["errors"] for c in full + stream),
+        }
+    default, none = summary["sqlite"], summary["none"]
+    overhead = {
+        "nonstream_added_p50": default["nonstream_added_p50_ms"] / none["nonstream_added_p50_ms"] - 1,
+        "streams_per_s": 1 - default["streams_per_s"] / none["streams_per_s"],
+    }
+    return {"machine": machine(), "rounds": rounds, "duration": duration, "summary": summary, "vocab": canned["vocab"],
+            "overhead": overhead, "file": figures, "gateway_src": str(gateway_src) if gateway_src else None}
+
+
+def markdown(report: dict[str, Any], command: str) -> str:
+    s, o, f = report["summary"], report["overhead"], report["file"]
+    lines = [f"`{command}` ({report['rounds']} rounds, medians; vocab {report['vocab']})", "",
+             "| store | non-streamed added p50 (gw / relay) | × relay | streams/s c=16 (gw / relay) | % relay "
+             "| errors |",
+             "|---|---|---|---|---|---|"]
+    for config, label in (("sqlite", "default (sqlite)"), ("none", "none")):
+        row = s[config]
+        share = 100 * row["streams_per_s"] / row["relay_streams_per_s"]
+        lines.append(f"| {label} | {row['nonstream_added_p50_ms']:.2f} / {row['relay_added_p50_ms']:.2f} ms | "
+                     f"{row['nonstream_over_relay']:.2f}× | {row['streams_per_s']:.1f} / "
+                     f"{row['relay_streams_per_s']:.1f} | {share:.0f}% "
+                     f"| {row['errors']} |")
+    ok = "met" if max(o.values()) <= 0.15 else "MISSED"
+    lines += ["", f"Store overhead over `store: none` (target ≤ 15%, {ok}): non-streamed added p50 "
+                  f"{100 * o['nonstream_added_p50']:+.0f}%, streams/s {100 * o['streams_per_s']:+.0f}% fewer.",
+              f"Bytes per stored response (target ≤ 8,192): {f['bytes_per_response']:,.0f} after checkpoint over "
+              f"{f['responses']:,} responses ({f['vacuumed_bytes_per_response']:,.0f} after VACUUM; the rows' blobs "
+              f"{f['blob_bytes_per_response']:,.0f})."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.store", description="the default store vs store: none")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out-store")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds per measured window")
+    parser.add_argument("--gateway-src", type=Path, help="run the gateway from this source tree (A/B runs)")
+    args = parser.parse_args(argv)
+    command = "python -m bench.store " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    report = run(args.out, args.rounds, args.duration, args.gateway_src)
+    print()
+    print(markdown(report, command.strip()))
+    return 0 if all(row["errors"] == 0 for row in report["summary"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
