@@ -29,7 +29,7 @@ _HEADER = struct.Struct("<IIIIIIB")  # lengths: skeleton, table, list lengths, c
 
 # The JSON orjson writes for a Responses logprobs list of the usual shape (render_responses). A quote
 # inside a JSON string is escaped, so `"logprobs":[{"token":` never matches inside one.
-_STR = rb'"(?:[^"\\]|\\.)*"'
+_STR = rb'"[^"\\]*(?:\\.[^"\\]*)*"'
 _NUM = rb"-?\d+(?:\.\d+(?:e[-+]?\d+)?|e[-+]?\d+)"  # a float as orjson writes it (an int has neither . nor e)
 _BYTES = rb"\[(?:\d+(?:,\d+)*)?\]"
 _TOP = rb'\{"token":' + _STR + rb',"logprob":' + _NUM + rb',"bytes":' + _BYTES + rb"\}"

@@ -10,8 +10,10 @@ Bounded: at most `queue_size` saves wait. When the queue is full, `save` waits f
 request that saves (its answer not yet sent, or its stream's terminal event not yet written) is held
 back until the writer catches up: backpressure on the clients instead of memory without bound.
 
-Failures: a batch that fails is retried one save at a time, so one bad save loses only itself; a
-save that still fails is logged with its id and counted (`gateway_store_write_failures_total`).
+Failures: a batch that fails is retried one save at a time, so one bad save loses only itself (unless
+the first one fails again: then the store itself is failing and the whole batch is given up at once,
+so a store that is down cannot hold the writer for one timeout per save); a save that still fails is
+logged with its id and counted (`gateway_store_write_failures_total`), never dropped silently.
 
 Read your own writes:
 - In this process, a save still queued (or in the batch being written) is served from memory: every
@@ -187,15 +189,19 @@ class WriteBehind:
                 return
             log.warning("a batch of %d responses failed to store; retrying them one by one", len(batch),
                         exc_info=True)
-        for write in batch:
+        for index, write in enumerate(batch):
             try:
                 await self.backend.write_batch([write])
                 self.counters.written(1)
             except Exception:
                 self._failed(write)
+                if index == 0:  # the store itself is failing (down, locked), not one save: no retry each
+                    for rest in batch[1:]:
+                        self._failed(rest)
+                    return
 
     def _failed(self, write: Write) -> None:
-        log.exception("could not store response %s", write.response_id.rpartition("/")[2])
+        log.error("could not store response %s", write.response_id.rpartition("/")[2], exc_info=True)
         self.counters.failed(1)
 
     def _settle(self, batch: list[Write]) -> None:
