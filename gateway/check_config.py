@@ -114,7 +114,8 @@ def _from_ids(state: GatewayState, route: Route) -> float:
 async def _probe_model(session: aiohttp.ClientSession, base: str, state: GatewayState, route: Route) -> Row:
     """One 1-token generation with logprobs and the route's cap of alternatives; what it shows."""
     name, upstream = route.model, route.upstream_name
-    k = min(route.upstream.top_logprobs_cap, FRONT_DOOR_MAX_TOP_LOGPROBS)
+    cap = route.upstream.top_logprobs_cap
+    k = FRONT_DOOR_MAX_TOP_LOGPROBS if cap is None else min(cap, FRONT_DOOR_MAX_TOP_LOGPROBS)
     subject, check = f"model {name}", f"generation (1 token, top_logprobs {k})"
     status, body = await _generate(session, base, name, k)
     if status != 200:
@@ -124,7 +125,8 @@ async def _probe_model(session: aiohttp.ClientSession, base: str, state: Gateway
                                               f"(models.{name}.tokenizer must be the served model's)")
         if k > 1 and (await _generate(session, base, name, 1))[0] == 200:
             key = f"upstreams.{upstream}.max_top_logprobs"
-            source = key if route.upstream.max_top_logprobs is not None else f"the {route.upstream.dialect} default"
+            source = (key if route.upstream.max_top_logprobs is not None else "the front doors' limit"
+                      if cap is None else f"the {route.upstream.dialect} default")
             return Row(subject, check, False, f"the server refuses top_logprobs {k}, the route's cap ({source}), but "
                                               f"answers 1: set {key} to the server's limit. {message}")
         served = await _served_models(session, route)
@@ -151,7 +153,8 @@ async def _probe_model(session: aiohttp.ClientSession, base: str, state: Gateway
     if route.vocab is not None and FLAVORS[route.upstream.dialect].token_id_placeholders and not from_ids:
         return Row(subject, check, False, f"the server returned no token ids (asked with return_tokens_as_token_ids): "
                                           f"not a vLLM server, or one too old; set upstreams.{upstream}.dialect")
-    source = "bytes from token ids" if from_ids else "bytes from the server's token strings"
+    source = ("bytes from token ids" if from_ids else "the server's raw bytes, one entry per piece of text it sent"
+              if route.upstream.dialect == "llamacpp" else "bytes from the server's token strings")
     return Row(subject, check, True, f"{len(entries)} token, {alternatives} alternatives, {source}")
 
 

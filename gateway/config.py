@@ -35,7 +35,10 @@ class Timeouts(_Strict):
 
 # Alternatives per token each server family returns by default (vLLM --max-logprobs,
 # TGI --max-top-n-tokens, ...); `max_top_logprobs` overrides it for a server started otherwise.
-DEFAULT_TOP_LOGPROBS_CAP = {"vllm": 20, "tgi": 5, "sglang": 20, "llamacpp": 20, "openai": 20}
+# None: the server has no limit (llama-server answers any `top_logprobs`, 25 in its real-server test);
+# only the front doors' own (OpenAI's 20) applies.
+DEFAULT_TOP_LOGPROBS_CAP: dict[str, int | None] = {"vllm": 20, "tgi": 5, "sglang": 20, "llamacpp": None,
+                                                   "openai": 20}
 
 
 class Upstream(_Strict):
@@ -65,7 +68,7 @@ class Upstream(_Strict):
         return self
 
     @property
-    def top_logprobs_cap(self) -> int:
+    def top_logprobs_cap(self) -> int | None:
         if self.max_top_logprobs is not None:
             return self.max_top_logprobs
         return DEFAULT_TOP_LOGPROBS_CAP[self.dialect]

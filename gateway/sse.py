@@ -141,6 +141,13 @@ async def data_batches(lines: AsyncIterable[bytes]) -> AsyncIterator[list[bytes]
             yield [data]
 
 
+def split_events(raw: bytes) -> list[bytes]:
+    """A whole event stream's bytes (read to its end) -> the data of each event, up to `[DONE]`."""
+    buffer: list[bytes] = []
+    payloads, _ = _events([line.rstrip(b"\r") for line in raw.split(b"\n")] + [b""], buffer)
+    return payloads
+
+
 def _events(lines: Iterable[bytes], buffer: list[bytes]) -> tuple[list[bytes], bool]:
     """The data of each event these lines (line ends removed) complete, and whether `[DONE]` came.
 

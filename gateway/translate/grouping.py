@@ -74,6 +74,7 @@ class TextGrouper:
         # keep those, not a string copied again at every step.
         self._upstream_chars = 0
         self._upstream_head = ""  # the first non-empty text the upstream reported
+        self._upstream_tail = ""  # ... and its last character
         self._first_token_seen = False
         self._text_led = False
         self._held: list[Token] = []
@@ -85,6 +86,7 @@ class TextGrouper:
             if not self._upstream_chars:
                 self._upstream_head = upstream_text
             self._upstream_chars += len(upstream_text)
+            self._upstream_tail = upstream_text[-1]
         if type(tokens) is not list:
             tokens = list(tokens)
         if len(tokens) == 1:
@@ -170,6 +172,7 @@ class TextGrouper:
             if not self._upstream_chars:
                 self._upstream_head = upstream_text
             self._upstream_chars += len(upstream_text)
+            self._upstream_tail = upstream_text[-1]
         if visible:
             self._first_token_seen = True
         self._emitted_chars += len(text)
@@ -194,13 +197,20 @@ class TextGrouper:
 
         In a text-led stream an empty string after the last text is the end-of-sequence token,
         unless generation was cut by length."""
-        if self._upstream_chars > self._emitted_chars + len(self._pending_bytes):
+        unfinished = self._upstream_chars - self._emitted_chars - len(self._pending_bytes)
+        if unfinished > 0 and not (unfinished == 1 and self._upstream_tail == "\ufffd" and not self._pending):
             # More text than the logprobs spell (tokens beyond the text are tolerated: a stop string).
             raise TextMismatch(f"the upstream sent {self._upstream_chars} characters of text but logprobs "
                                f"for only {self._emitted_chars}")
+        # Else one U+FFFD past the logprobs: the unfinished character a server stopped inside, written as
+        # U+FFFD with no entry for any of its tokens (llama.cpp, non-streamed): its text, no logprobs.
         held = self._held if finish_reason == "length" else [t for t in self._held if t.bytes]
         # Invalid bytes that waited with an unfinished character one token also holds: their U+FFFD.
         text = _final_prefix(self._pending_bytes)[0] if self._pending else ""
         dangling = self._pending + held
         self._pending, self._held, self._pending_bytes = [], [], bytearray()
-        return [(text, dangling)] if dangling else []
+        groups = [(text, dangling)] if dangling else []
+        if unfinished > 0:
+            self._emitted_chars += 1
+            groups.append(("\ufffd", []))
+        return groups

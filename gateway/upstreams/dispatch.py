@@ -60,8 +60,9 @@ def bytes_precision(dialect: str, api: str, has_tokenizer: bool) -> tuple[str, b
     """What a route's logprob bytes are, in one line, and whether they are per character (the split of
     a character's bytes across its tokens is not what the route shows): for check-config and start-up."""
     if dialect == "llamacpp":
-        return ("per character: llama.cpp sends one entry per completed character (the token that completes"
-                " it carries its bytes; tokens that leave it unfinished have no entry)"), True
+        return ("per character: llama.cpp's raw bytes, one entry per completed character (the token that"
+                " completes it carries the whole character; tokens that leave it unfinished, or whose text it"
+                " holds back, have none)"), True
     if has_tokenizer:
         if dialect == "vllm" or api == "generate":
             return "exact bytes from token ids", False

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +54,11 @@ class Flavor:
     # Ask for logprobs only when the client wants them (llama.cpp: its entries are per character and
     # its stop-string trimming cuts them wrongly; text without them is the server's own).
     logprobs_when_asked: bool = False
+    # False: a whole answer's text does not bound its entries (llama.cpp's are one per piece of text it
+    # sent, and its trimming can leave them short of the text); `adapt` then settles them.
+    text_bounds_entries: bool = True
+    # The server's own last word on a call built here (llama.cpp: gateway/upstreams/llamacpp.py).
+    adapt: Callable[[UpstreamCall, Generation], UpstreamCall] | None = None
 
     def parse_options(self, vocab: Any) -> ParseOptions:
         return ParseOptions(vocab=vocab, trust_bytes=self.trust_bytes, escapes=self.escapes, read_ids=self.read_ids)
@@ -99,8 +104,10 @@ def _text_bound(streaming: bool, text: str) -> str | None:
     return None if streaming else text
 
 
-def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool, text_only: bool = False) -> Step:
-    """A chat completion (or chunk) -> Step. `text_only`: no logprobs were asked for; none are read."""
+def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool, text_only: bool = False,
+              bound: bool = True) -> Step:
+    """A chat completion (or chunk) -> Step. `text_only`: no logprobs were asked for; none are read.
+    `bound`: a whole answer's text bounds its lossy tokens (False: the flavor settles them itself)."""
     choice = _choice(body)
     if choice is None:
         return Step(usage=_usage(body))
@@ -116,7 +123,7 @@ def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool
     if reasoning is None and not tool_calls:
         # The common chunk, once per token of a stream: `_logprobs_or_fail` and `_usage` written out.
         try:
-            parsed = parse_chat(content, options, None if streaming or text_only else text)
+            parsed = parse_chat(content, options, None if streaming or text_only or not bound else text)
         except LogprobParseError as exc:
             raise UpstreamFormatError(f"upstream logprobs unreadable: {exc}") from None
         tokens = parsed.tokens if text or not streaming else [_hide_control(t) for t in parsed.tokens]
@@ -125,7 +132,7 @@ def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool
         step.report = parsed.report  # set, not passed: a keyword argument doubles the cost of the call
         return step
     step = Step(text, [], choice.get("finish_reason"), _usage(body), reasoning=reasoning, tool_calls=tool_calls)
-    _set_aside(step, content, options, streaming)
+    _set_aside(step, content, options, streaming or not bound)
     return step
 
 
@@ -237,7 +244,8 @@ def _held_before(tokens: list[Token], reasoning: str) -> int:
 
 
 def completions_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool,
-                     echoed_prompt: str | None = None, chat_shaped: bool = False, text_only: bool = False) -> Step:
+                     echoed_prompt: str | None = None, chat_shaped: bool = False, text_only: bool = False,
+                     bound: bool = True) -> Step:
     """A completion (or chunk) -> Step. With `echoed_prompt` (non-streamed echo), the prompt's
     text and tokens come first in the body and are split off into the Step's prompt fields."""
     choice = _choice(body)
@@ -249,11 +257,11 @@ def completions_step(body: Mapping[str, Any], options: ParseOptions, *, streamin
     logprobs = None if text_only else choice.get("logprobs")
     parsed = Parsed([])
     if _is_mapping(logprobs):
-        bound = _text_bound(streaming, text)
+        limit = _text_bound(streaming or not bound, text)
         if chat_shaped:
-            parsed = _logprobs_or_fail(parse_chat, logprobs.get("content"), options, bound)
+            parsed = _logprobs_or_fail(parse_chat, logprobs.get("content"), options, limit)
         else:
-            parsed = _logprobs_or_fail(parse_completions, logprobs, options, bound)
+            parsed = _logprobs_or_fail(parse_completions, logprobs, options, limit)
     step = Step(text, parsed.tokens, choice.get("finish_reason"), _usage(body), report=parsed.report)
     if echoed_prompt is not None:
         _split_echo(step, echoed_prompt)
@@ -273,20 +281,23 @@ def _split_echo(step: Step, prompt: str) -> None:
 # --- requests -----------------------------------------------------------------------------------
 
 
-def requested_top_logprobs(flavor: Flavor, k: int, cap: int) -> int:
+def requested_top_logprobs(flavor: Flavor, k: int, cap: int | None) -> int:
     """A server that forces the sampled token into a list of k is asked for k+1 (never over its cap)."""
     if k <= 0:
         return flavor.min_top_logprobs
-    return min(k + 1, cap) if flavor.sampled_first else max(k, flavor.min_top_logprobs)
+    if flavor.sampled_first:
+        return k + 1 if cap is None else min(k + 1, cap)
+    return max(k, flavor.min_top_logprobs)
 
 
-def check_cap(gen: Generation, cap: int, param: str) -> None:
-    if gen.logprobs and gen.top_k_logprobs > cap:
+def check_cap(gen: Generation, cap: int | None, param: str) -> None:
+    """k above the server's limit (None: it has none) is refused before anything is sent."""
+    if cap is not None and gen.logprobs and gen.top_k_logprobs > cap:
         raise unsupported(f"This upstream returns at most {cap} alternatives per token; "
                           f"{gen.top_k_logprobs} were asked for.", param)
 
 
-def chat_call(flavor: Flavor, gen: Generation, upstream_model: str, *, cap: int, token_ids: bool,
+def chat_call(flavor: Flavor, gen: Generation, upstream_model: str, *, cap: int | None, token_ids: bool,
               param: str) -> UpstreamCall:
     """Chat: logprobs on (unless the flavor says only when asked), so every token's bytes can be reconstructed."""
     check_cap(gen, cap, param)
@@ -312,12 +323,16 @@ def chat_call(flavor: Flavor, gen: Generation, upstream_model: str, *, cap: int,
         body["max_tokens"] = gen.max_tokens
     if gen.stream:
         body["stream_options"] = {"include_usage": True}
-    if flavor.sampled_first and gen.top_k_logprobs > 0 and gen.top_k_logprobs + 1 > cap:
+    if flavor.sampled_first and gen.top_k_logprobs > 0 and cap is not None and gen.top_k_logprobs + 1 > cap:
         # k at the server's cap: its list of k may be the sampled token plus the top k-1.
         return UpstreamCall("/v1/chat/completions", body, _capped_chat_step, load_chat_body, _read_capped_chat_chunk)
     if text_only:
-        return UpstreamCall("/v1/chat/completions", body, functools.partial(chat_step, text_only=True))
-    return UpstreamCall("/v1/chat/completions", body, chat_step, load_chat_body, read_chat_chunk)
+        call = UpstreamCall("/v1/chat/completions", body, functools.partial(chat_step, text_only=True))
+    elif not flavor.text_bounds_entries:
+        call = UpstreamCall("/v1/chat/completions", body, functools.partial(chat_step, bound=False), load_chat_body)
+    else:
+        call = UpstreamCall("/v1/chat/completions", body, chat_step, load_chat_body, read_chat_chunk)
+    return flavor.adapt(call, gen) if flavor.adapt is not None else call
 
 
 def without_forced_sampled(token: Token) -> Token:
@@ -355,7 +370,7 @@ def _read_capped_chat_chunk(raw: bytes, options: ParseOptions) -> Step | None:
     return None if step is None else _trim_forced(step)
 
 
-def completions_call(flavor: Flavor, gen: Generation, upstream_model: str, prompt: str, *, cap: int,
+def completions_call(flavor: Flavor, gen: Generation, upstream_model: str, prompt: str, *, cap: int | None,
                      token_ids: bool, param: str) -> UpstreamCall:
     """Completions for a prompt (given, or rendered from the chat template)."""
     if not flavor.completions_logprobs:
@@ -383,7 +398,8 @@ def completions_call(flavor: Flavor, gen: Generation, upstream_model: str, promp
     if flavor.token_id_placeholders:
         body["return_tokens_as_token_ids"] = token_ids
     text_only = flavor.logprobs_when_asked and not gen.logprobs
-    parse = functools.partial(completions_step, chat_shaped=flavor.chat_shaped_completions, text_only=text_only)
+    parse = functools.partial(completions_step, chat_shaped=flavor.chat_shaped_completions, text_only=text_only,
+                              bound=flavor.text_bounds_entries)
     if gen.echo_prompt and gen.logprobs:
         if not flavor.prompt_logprobs:
             raise unsupported(f"{flavor.name} cannot score the prompt (echo with logprobs).", "echo")
@@ -395,4 +411,5 @@ def completions_call(flavor: Flavor, gen: Generation, upstream_model: str, promp
         body["stream_options"] = {"include_usage": True}
     # llama.cpp's chat-shaped completions logprobs are Python's to read.
     read_chunk = None if flavor.chat_shaped_completions else read_completions_chunk
-    return UpstreamCall("/v1/completions", body, parse, read_chunk=read_chunk)
+    call = UpstreamCall("/v1/completions", body, parse, read_chunk=read_chunk)
+    return flavor.adapt(call, gen) if flavor.adapt is not None else call

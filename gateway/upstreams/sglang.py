@@ -78,7 +78,7 @@ class GenerateParser:
         return Step(delta, tokens, finish, usage)
 
 
-def generate_call(gen: Generation, prompt: str, *, cap: int, param: str) -> UpstreamCall:
+def generate_call(gen: Generation, prompt: str, *, cap: int | None, param: str) -> UpstreamCall:
     """SGLang's native API with ids only (`return_text_in_logprobs: false`): exact with a tokenizer."""
     check_cap(gen, cap, param)
     if gen.echo_prompt and gen.logprobs:

@@ -106,7 +106,7 @@ def generate_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: 
     return Step(text, tokens, finish, usage)
 
 
-def generate_call(gen: Generation, prompt: str, *, cap: int, param: str) -> UpstreamCall:
+def generate_call(gen: Generation, prompt: str, *, cap: int | None, param: str) -> UpstreamCall:
     """TGI's native API: the only TGI route with token ids, so bytes are exact with a tokenizer."""
     check_cap(gen, cap, param)
     if gen.echo_prompt and gen.logprobs:

@@ -17,6 +17,8 @@ import urllib.request
 from typing import Any
 
 CJK = "写一首关于秋天的诗, 用表情符号 👋🏽"
+# SmolLM2's chat template around "Say OK.": the model ends its answer with <|im_end|> (an EOS).
+EOS_PROMPT = "<|im_start|>user\nSay OK.<|im_end|>\n<|im_start|>assistant\n"
 
 
 def vllm_cases(model: str) -> list[tuple[str, str, dict[str, Any]]]:
@@ -58,19 +60,39 @@ def llamacpp_cases(model: str) -> list[tuple[str, str, dict[str, Any]]]:
         ("chat stream", "/v1/chat/completions", {**chat, "stream": True}),
         ("chat cut inside a character", "/v1/chat/completions",
          {**chat, "messages": [{"role": "user", "content": "Reply with only 👋🏽👋🏽👋🏽"}], "max_tokens": 2}),
+        ("chat cut inside a character, stream", "/v1/chat/completions",
+         {**chat, "messages": [{"role": "user", "content": "Reply with only 👋🏽👋🏽👋🏽"}], "max_tokens": 2,
+          "stream": True}),
+        ("chat cut after a character, stream", "/v1/chat/completions",
+         {**chat, "messages": [{"role": "user", "content": "Reply with only 👋🏽👋🏽👋🏽"}], "max_tokens": 3,
+          "stream": True}),
         ("chat stop string", "/v1/chat/completions", {**chat, "stop": ["🏽"]}),
         ("chat stop string, stream", "/v1/chat/completions", {**chat, "stop": ["🏽"], "stream": True}),
         ("chat eos", "/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": "Say OK."}],
                                               "max_tokens": 40}),
         ("chat eos, stream", "/v1/chat/completions",
          {**chat, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 40, "stream": True}),
+        ("chat stop string of several tokens", "/v1/chat/completions",
+         {**chat, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 40, "stop": [" assist"]}),
+        ("chat stop string of several tokens, stream", "/v1/chat/completions",
+         {**chat, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 40, "stop": [" assist"],
+          "stream": True}),
+        ("chat top_logprobs 25", "/v1/chat/completions",
+         {**chat, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 2, "top_logprobs": 25}),
         ("chat n=2", "/v1/chat/completions", {**chat, "n": 2, "temperature": 1.0, "seed": 1}),
         ("completions", "/v1/completions", comp),
         ("completions stream", "/v1/completions", {**comp, "stream": True}),
         ("completions echo", "/v1/completions", {**comp, "echo": True}),
+        ("completions eos", "/v1/completions", {**comp, "prompt": EOS_PROMPT, "max_tokens": 40}),
+        ("completions eos, stream", "/v1/completions",
+         {**comp, "prompt": EOS_PROMPT, "max_tokens": 40, "stream": True}),
+        ("completions stop string", "/v1/completions", {**comp, "stop": ["👑"]}),
+        ("completions stop string, stream", "/v1/completions", {**comp, "stop": ["👑"], "stream": True}),
         ("completions n=2", "/v1/completions", {**comp, "n": 2, "temperature": 1.0, "seed": 1}),
-        ("responses", "/v1/responses", {"model": model, "input": "Say hi 👋", "max_output_tokens": 16,
+        ("responses, top_logprobs", "/v1/responses", {"model": model, "input": "Say hi 👋", "max_output_tokens": 16,
                                         "top_logprobs": 2, "include": ["message.output_text.logprobs"]}),
+        ("responses", "/v1/responses", {"model": model, "input": "Say hi 👋", "max_output_tokens": 16,
+                                        "include": ["message.output_text.logprobs"]}),
         ("responses stream", "/v1/responses", {"model": model, "input": "Say hi 👋", "max_output_tokens": 16,
                                                "stream": True}),
     ]
