@@ -18,7 +18,21 @@ tokenizer; nothing here is llama.cpp code. What is reproduced is what a client o
   makes every alternative ranked 17th or lower underflow, so the default 20 shows it);
   `post_sampling_probs: true` switches to `prob` / `top_probs` after top-k/top-p, zeros dropped;
 - `POST /v1/chat/completions`; streaming attaches logprobs to the last delta of a result, so a
-  token that adds no text (the EOS) loses its entry in the stream;
+  token that adds no text (the EOS) loses its entry in the stream; the opening role chunk comes with
+  the first token's result only, so a stream whose first token leaves a character unfinished has none
+  (captures "chat stream", "chat cut inside a character, stream");
+- stop strings as `process_token` applies them: a full match is cut from the text (generation stops,
+  `finish_reason: "stop"`), a partial match at the end holds the text back (its tokens' entries are
+  empty); non-streamed, as many entries as the stop string has *tokens* are removed from the end,
+  although entries are per piece of text, so real ones vanish ("chat stop string": `stop: ["🏽"]` gives
+  "👋" and no entries; "completions stop string"); streams keep them ("..., stream");
+- `n` choices, each the scripted reply ("chat n=2", "completions n=2"); `echo` on /v1/completions is
+  ignored ("completions echo");
+- no cap on `top_logprobs` ("chat top_logprobs 25");
+- `POST /v1/responses`: never logprobs (`logprobs: []`; `top_logprobs` is the chat path's 400), status
+  `completed` even where the cap stopped it, and a stream that repeats `response.created` and
+  `response.in_progress` before every result and has no `sequence_number` ("responses",
+  "responses, top_logprobs", "responses stream");
 - `POST /v1/completions` answers with the chat-style `logprobs: {content: [...]}`, and `max_tokens`
   defaults to unlimited (until EOS or the context is full);
 - native `POST /completion` with `n_probs` -> `completion_probabilities` (omitted when not asked
@@ -27,9 +41,11 @@ tokenizer; nothing here is llama.cpp code. What is reproduced is what a client o
 
     python -m gateway.simulator.llamacpp --tokenizer-dir ../shared/tokenizers/qwen2 --model qwen2
 
+Captures: tests/captures/real/llamacpp-b1-smollm2.json (real llama-server; case names quoted above);
+tests/test_llamacpp_simulator_captures.py holds the simulator's answers to the same shapes.
 Simulator-only extras (not in llama.cpp): fault hooks (see `faults.py`), GET /sim/stats,
-GET /sim/requests, POST /sim/reset. Deviations: stop words, grammars, tools, `min_p` and timings
-are not simulated (timings are zeros).
+GET /sim/requests, POST /sim/reset. Deviations: grammars, tools, `min_p` and timings are not simulated
+(timings are zeros); the `n` choices of a stream follow each other rather than interleave.
 """
 
 from __future__ import annotations
@@ -132,6 +148,8 @@ class _Request:
     top_p: float
     include_usage: bool
     return_tokens: bool
+    stop: tuple[bytes, ...] = ()
+    n: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +172,7 @@ class _Generation:
     entries: list[_Entry]
     text: str
     steps: list[tuple[int, int]]
+    stop_word: bytes | None = None
 
 
 class LlamaCppSimulator(SimulatorBase):
@@ -212,9 +231,14 @@ class LlamaCppSimulator(SimulatorBase):
         return given
 
     def _parse(self, body: JSON, route: str) -> _Request:
-        if body.get("n") not in (None, 1):
-            raise LlamaError("Only one completion choice is allowed")
-        if route == "chat":
+        n = body.get("n", 1)
+        if not is_int(n) or n < 1:
+            raise LlamaError("n must be a positive integer")
+        if route in ("chat", "responses"):
+            if route == "responses":  # converted to a chat request (`convert_responses_to_chatcmpl`)
+                given = body.get("input")
+                body = {**body, "messages": [{"role": "user", "content": given}] if isinstance(given, str) else given,
+                        "max_tokens": body.get("max_output_tokens")}
             if not isinstance(body.get("messages"), list):
                 raise LlamaError("Expected 'messages' to be an array")
             try:
@@ -234,8 +258,6 @@ class LlamaCppSimulator(SimulatorBase):
             prompt_ids, prompt_text = self._prompt(body)
             key = prompt_text
             if route == "completions":
-                if flag(body, "echo"):
-                    raise LlamaError("Only no echo is supported")
                 n_probs = body.get("logprobs") or 0  # OpenAI's `logprobs` stands in for n_probs
                 requested = body.get("max_tokens")
             else:
@@ -243,6 +265,10 @@ class LlamaCppSimulator(SimulatorBase):
                 requested = body.get("n_predict")
         if not is_int(n_probs) or n_probs < 0:
             raise LlamaError("n_probs must be a non-negative integer")
+        stop = body.get("stop") or ()
+        stop = (stop,) if isinstance(stop, str) else stop
+        if not isinstance(stop, list | tuple) or not all(isinstance(word, str) for word in stop):
+            raise LlamaError("stop must be a string or a list of strings")
         options = body.get("stream_options") or {}
         top_k, top_p = body.get("top_k"), body.get("top_p")
         return _Request(
@@ -259,6 +285,8 @@ class LlamaCppSimulator(SimulatorBase):
             top_p=float(top_p) if isinstance(top_p, int | float) and not isinstance(top_p, bool) else SAMPLING_TOP_P,
             include_usage=bool(options.get("include_usage")) if isinstance(options, Mapping) else False,
             return_tokens=flag(body, "return_tokens"),
+            stop=tuple(word.encode() for word in stop if word),
+            n=n,
         )
 
     async def admit(self, request: web.Request, route: str) -> Admitted:
@@ -270,6 +298,7 @@ class LlamaCppSimulator(SimulatorBase):
         gen = self._generate(req, plan)
         respond, produce = {
             "chat": (self._respond_chat, self._stream_chat),
+            "responses": (self._respond_responses, self._stream_responses),
             "completions": (self._respond_completions, self._stream_completions),
             "completion": (self._respond_native, self._stream_native),
         }[route]
@@ -279,7 +308,7 @@ class LlamaCppSimulator(SimulatorBase):
             respond=lambda: respond(request, gen),
             produce=lambda writer: produce(request, gen, writer),
             error_frame=self._stream_error(),
-            done_frame=None if route == "completion" else b"data: [DONE]\n\n",
+            done_frame=None if route in ("completion", "responses") else b"data: [DONE]\n\n",
             done_after_error=False,  # the error event ends the stream
         )
 
@@ -307,23 +336,41 @@ class LlamaCppSimulator(SimulatorBase):
         return f32(position.sampled_logprob), top
 
     def _generate(self, req: _Request, plan: FaultPlan) -> _Generation:
-        eos = self.chat_eos if req.route == "chat" else self.completion_eos
+        eos = self.chat_eos if req.route in ("chat", "responses") else self.completion_eos
         output = self.generate(req.reply_key, req.max_tokens, eos)
         ids = output.token_ids
         key = self.digest(req.route, req.prompt_ids)
         generated, sent = b"", 0
         entries: list[_Entry] = []
+        stop_word: bytes | None = None
         for index, position in enumerate(self.synthetic.output(f"out:{key}", ids)):
-            generated += self._piece(position.sampled)
+            piece = self._piece(position.sampled)
+            generated += piece
             if validate_utf8(generated) < len(generated):
                 continue  # incomplete character: nothing is sent, no entry is kept
-            text, sent = generated[sent:], len(generated)
+            start = min(sent, len(generated))
+            found = _full_stop(generated[start:], len(piece), req.stop)
+            held = False
+            if found is not None:  # the stop string and what follows it leave the text; generation ends
+                cut, stop_word = found
+                generated = generated[: start + cut]
+                start = min(sent, len(generated))
+            elif position.sampled != eos:
+                held = _partial_stop(generated[start:], req.stop)  # might become a stop string: held back
+            text = b"" if held else generated[start:]
+            sent += len(text)
             entry: JSON = {"id": position.sampled, "token": token_text(text), "bytes": list(text)}
             if req.n_probs > 0:
                 value, top = self._probs(position, req)
                 entry["prob" if req.post_sampling else "logprob"] = value
                 entry["top_probs" if req.post_sampling else "top_logprobs"] = top
             entries.append(_Entry(index, position.sampled, text, entry))
+            if stop_word is not None:
+                ids = ids[: index + 1]
+                break
+        if stop_word is not None and not req.stream:
+            # send_final_response: as many entries removed as the stop string has tokens
+            entries = entries[: len(entries) - min(len(entries), len(self.encode(stop_word.decode())))]
         alphabet = string.ascii_letters + string.digits
         prefix = "chatcmpl-" if req.route == "chat" else "cmpl-"
         cmpl_id = prefix + "".join(random.choices(alphabet, k=32))
@@ -332,10 +379,11 @@ class LlamaCppSimulator(SimulatorBase):
             plan=plan,
             cmpl_id=cmpl_id,
             ids=ids,
-            stopped_by_eos=output.finish_reason == "stop",
+            stopped_by_eos=stop_word is None and output.finish_reason == "stop",
             entries=entries,
             text=generated.decode("utf-8", errors="replace"),  # a dangling tail is replaced, not dropped
             steps=self.steps(len(ids), plan, key),
+            stop_word=stop_word,
         )
 
     async def _sent(self, request: web.Request, gen: _Generation) -> Any:
@@ -351,7 +399,7 @@ class LlamaCppSimulator(SimulatorBase):
             pass
 
     def _finish_reason(self, gen: _Generation) -> str:
-        return "stop" if gen.stopped_by_eos else "length"
+        return "stop" if gen.stopped_by_eos or gen.stop_word is not None else "length"
 
     def _usage(self, gen: _Generation) -> JSON:
         prompt, done = len(gen.request.prompt_ids), len(gen.ids)
@@ -400,7 +448,7 @@ class LlamaCppSimulator(SimulatorBase):
         if gen.request.n_probs > 0 and gen.entries:
             choice["logprobs"] = self._logprobs(gen.entries)  # the key is absent otherwise
         body = {
-            "choices": [choice],
+            "choices": _choices(choice, gen.request.n),
             **self._tail(gen, "chat.completion"),
             "usage": self._usage(gen),
             "timings": self._timings(gen),
@@ -409,21 +457,20 @@ class LlamaCppSimulator(SimulatorBase):
 
     async def _stream_chat(self, request: web.Request, gen: _Generation, writer: SSEWriter) -> None:
         head = "chat.completion.chunk"
-        role_sent = False
-        async for entry in self._sent(request, gen):
-            if not role_sent:
-                role = {"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}
-                await writer.send({"choices": [role], **self._tail(gen, head)})
-                role_sent = True
-            if not entry.text:
-                continue  # no message diff, no chunk: the entry's logprobs are lost
-            delta = {"content": entry.text.decode("utf-8", "replace")}
-            choice: JSON = {"finish_reason": None, "index": 0, "delta": delta}
-            if gen.request.n_probs > 0:
-                choice["logprobs"] = self._logprobs([entry])
-            await writer.send({"choices": [choice], **self._tail(gen, head)})
-        final: JSON = {"choices": [{"finish_reason": self._finish_reason(gen), "index": 0, "delta": {}}]}
-        chunks = [{**final, **self._tail(gen, head)}]
+        for index in range(gen.request.n):
+            async for entry in self._sent(request, gen):
+                if entry.index == 0:  # `n_decoded == 1`: only the first token's result opens with the role
+                    role = {"finish_reason": None, "index": index, "delta": {"role": "assistant", "content": None}}
+                    await writer.send({"choices": [role], **self._tail(gen, head)})
+                if not entry.text:
+                    continue  # no message diff, no chunk: the entry's logprobs are lost
+                delta = {"content": entry.text.decode("utf-8", "replace")}
+                choice: JSON = {"finish_reason": None, "index": index, "delta": delta}
+                if gen.request.n_probs > 0:
+                    choice["logprobs"] = self._logprobs([entry])
+                await writer.send({"choices": [choice], **self._tail(gen, head)})
+        chunks = [{"choices": [{"finish_reason": self._finish_reason(gen), "index": index, "delta": {}}],
+                   **self._tail(gen, head)} for index in range(gen.request.n)]
         if gen.request.include_usage:
             chunks.append({"choices": [], **self._tail(gen, head), "usage": self._usage(gen)})
         chunks[-1]["timings"] = self._timings(gen)
@@ -438,7 +485,7 @@ class LlamaCppSimulator(SimulatorBase):
         logprobs = self._logprobs(gen.entries) if gen.request.n_probs > 0 and gen.entries else None
         choice = {"text": gen.text, "index": 0, "logprobs": logprobs, "finish_reason": self._finish_reason(gen)}
         body = {
-            "choices": [choice],
+            "choices": _choices(choice, gen.request.n),
             **self._tail(gen, "text_completion"),
             "usage": self._usage(gen),
             "timings": self._timings(gen),
@@ -446,14 +493,66 @@ class LlamaCppSimulator(SimulatorBase):
         return self.json_response(body)
 
     async def _stream_completions(self, request: web.Request, gen: _Generation, writer: SSEWriter) -> None:
-        async for entry in self._sent(request, gen):  # every partial result, the EOS's "" too
-            logprobs = self._logprobs([entry]) if gen.request.n_probs > 0 else None
-            text = entry.text.decode("utf-8", "replace")
-            choice = {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": None}
-            await writer.send({"choices": [choice], **self._tail(gen, "text_completion")})
-        choice = {"text": "", "index": 0, "logprobs": None, "finish_reason": self._finish_reason(gen)}
-        final = {"choices": [choice], **self._tail(gen, "text_completion"), "usage": self._usage(gen)}
-        await writer.send({**final, "timings": self._timings(gen)})
+        for index in range(gen.request.n):
+            async for entry in self._sent(request, gen):  # every partial result, the EOS's "" too
+                logprobs = self._logprobs([entry]) if gen.request.n_probs > 0 else None
+                text = entry.text.decode("utf-8", "replace")
+                choice = {"text": text, "index": index, "logprobs": logprobs, "finish_reason": None}
+                chunk = {"choices": [choice], **self._tail(gen, "text_completion")}
+                if gen.stop_word is not None and entry.index == len(gen.ids) - 1:
+                    chunk["timings"] = self._timings(gen)  # the stop is known when its token's result goes out
+                await writer.send(chunk)
+        for index in range(gen.request.n):
+            choice = {"text": "", "index": index, "logprobs": None, "finish_reason": self._finish_reason(gen)}
+            final = {"choices": [choice], **self._tail(gen, "text_completion"), "usage": self._usage(gen)}
+            await writer.send({**final, "timings": self._timings(gen)})
+        await writer.done()
+
+    # --- /v1/responses --------------------------------------------------------------------------
+
+    def _response(self, gen: _Generation, message_id: str, status: str) -> JSON:
+        part = {"type": "output_text", "annotations": [], "logprobs": [], "text": gen.text}
+        prompt, done = len(gen.request.prompt_ids), len(gen.ids)
+        return {
+            "id": "resp_" + gen.cmpl_id.split("-", 1)[1], "object": "response", "created_at": int(time.time()),
+            "status": status, "model": gen.request.model,
+            "output": [{"type": "message", "status": "completed", "id": message_id, "content": [part],
+                        "role": "assistant"}],
+            "usage": {"input_tokens": prompt, "output_tokens": done, "total_tokens": prompt + done,
+                      "input_tokens_details": {"cached_tokens": 0}},
+        }
+
+    async def _respond_responses(self, request: web.Request, gen: _Generation) -> web.Response:
+        await self._drain(request, gen)
+        body = self._response(gen, "msg_" + gen.cmpl_id.split("-", 1)[1], "completed")  # even when cut
+        return self.json_response({"completed_at": body["created_at"], **body})
+
+    async def _stream_responses(self, request: web.Request, gen: _Generation, writer: SSEWriter) -> None:
+        resp_id, msg_id = "resp_" + gen.cmpl_id.split("-", 1)[1], "msg_" + gen.cmpl_id.split("-", 1)[1]
+        stub = {"id": resp_id, "object": "response", "status": "in_progress"}
+        started = False
+        async for entry in self._sent(request, gen):
+            # Every result re-announces the response (its `created` flag is per result, not per stream).
+            events: list[tuple[str, JSON]] = [("response.created", {"response": stub}),
+                                              ("response.in_progress", {"response": stub})]
+            if entry.text and not started:
+                started = True
+                events += [("response.output_item.added", {"item": {"content": [], "id": msg_id, "role": "assistant",
+                                                                    "status": "in_progress", "type": "message"}}),
+                           ("response.content_part.added", {"item_id": msg_id,
+                                                            "part": {"type": "output_text", "text": ""}})]
+            if entry.text:
+                events.append(("response.output_text.delta",
+                               {"item_id": msg_id, "delta": entry.text.decode("utf-8", "replace")}))
+            for name, data in events:
+                await writer.frame(_event(name, data))
+        final = self._response(gen, msg_id, "completed")
+        part, item = final["output"][0]["content"][0], final["output"][0]
+        for name, data in (("response.output_text.done", {"item_id": msg_id, "text": gen.text}),
+                           ("response.content_part.done", {"item_id": msg_id, "part": part}),
+                           ("response.output_item.done", {"item": item}),
+                           ("response.completed", {"response": final, "timings": self._timings(gen)})):
+            await writer.frame(_event(name, data))
         await writer.done()
 
     # --- native /completion ---------------------------------------------------------------------
@@ -521,6 +620,31 @@ class LlamaCppSimulator(SimulatorBase):
         return self.json_response({"object": "list", "data": [card]})
 
 
+def _choices(choice: JSON, n: int) -> list[JSON]:
+    """`n` choices, each the scripted reply (the real server samples each; see the module docstring)."""
+    return [choice if index == 0 else {**choice, "index": index} for index in range(n)]
+
+
+def _event(name: str, data: JSON) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps({"type": name, **data}) + b"\n\n"
+
+
+def _full_stop(text: bytes, last_piece: int, words: Sequence[bytes]) -> tuple[int, bytes] | None:
+    """Where a stop string starts in the unsent text (searched from where the last piece could have
+    completed one), and which; the earliest one wins."""
+    best: tuple[int, bytes] | None = None
+    for word in words:
+        at = text.find(word, max(0, len(text) - len(word) - last_piece))
+        if at >= 0 and (best is None or at < best[0]):
+            best = (at, word)
+    return best
+
+
+def _partial_stop(text: bytes, words: Sequence[bytes]) -> bool:
+    """The unsent text ends with the start of a stop string: it is held back until it is decided."""
+    return any(text.endswith(word[:size]) for word in words for size in range(len(word), 0, -1))
+
+
 LLAMACPP = Dialect(
     module="llamacpp",
     title="llama.cpp",
@@ -533,6 +657,7 @@ LLAMACPP = Dialect(
         Route("POST", "/v1/completions", endpoint="completions"),
         Route("POST", "/completions", endpoint="completions"),
         Route("POST", "/completion", endpoint="completion"),
+        Route("POST", "/v1/responses", endpoint="responses"),
         Route("GET", "/health", handler="health"),
         Route("GET", "/v1/models", handler="models"),
     ),
