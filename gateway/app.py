@@ -44,7 +44,7 @@ from gateway.middleware import (
 from gateway.playground import add_playground
 from gateway.replicas import NoReplicaAvailable, Replica, probe_forever, retry_after_header
 from gateway.routing import Route, build_routes
-from gateway.sse import data_batches, encode_events, sse_headers
+from gateway.sse import data_batches, encode_events, split_events, sse_headers
 from gateway.stored_routes import BACKGROUND_KEY, Turn, add_stored_routes, begin_turn, follow_events
 from gateway.translate.front_doors import (
     generation_from_chat,
@@ -549,7 +549,9 @@ async def _complete(state: GatewayState, exchange: _Exchange, replica: Replica, 
     reading_since = time.monotonic()
     try:
         async with upstream:
-            data = call.load(await upstream.read(), options)
+            raw = await upstream.read()
+        data = [call.load(event, options) for event in split_events(raw)] if call.streamed_whole else call.load(
+            raw, options)
         step = call.parse(data, options, streaming=False)
     except TimeoutError:
         raise _Retryable(upstream_timeout(f"upstream {name!r} timed out"), "timeout", started=reading_since,

@@ -17,7 +17,7 @@ from openai import AsyncOpenAI
 
 from gateway.app import create_app
 from gateway.config import parse_config
-from tests.e2e import LOGPROBS, assert_bytes_spell
+from tests.e2e import LOGPROBS, assert_bytes_spell, stream_response
 from tests.llamacpp_capture import CASES, replay_app
 
 CUT = "Reply with only 👋🏽👋🏽👋🏽"
@@ -94,15 +94,10 @@ async def test_a_reply_cut_inside_a_character_is_a_200_with_the_servers_text(sta
 
 
 async def _final_response(stack, stream: bool, **params: Any) -> Any:
-    """A Response (streamed: the one its terminal event carries, every event in order)."""
+    """A Response (streamed: the one its terminal event carries, every event validated and in order)."""
     if not stream:
         return await stack.client.responses.create(model=stack.model, **params)
-    events = [event async for event in await stack.client.responses.create(model=stack.model, stream=True,
-                                                                           **params)]
-    assert [event.sequence_number for event in events] == list(range(len(events)))
-    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
-    assert events[-1].type in ("response.completed", "response.incomplete")
-    return events[-1].response
+    return (await stream_response(stack, **params))[0]
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -25,6 +25,8 @@ class UpstreamCall:
     a faster reader); `parse(payload, options, streaming)` turns what it gives into a Step.
     `read_chunk(raw, options)`, where a dialect has one, reads a stream event of its common shape
     straight to the Step `parse` would make (None: not that shape).
+    `streamed_whole`: the body asks for a stream although the client's answer is whole; the shell reads
+    it to its end and `parse` gets the list of its events, each loaded (llama.cpp: see llamacpp.py).
     """
 
     path: str
@@ -32,6 +34,7 @@ class UpstreamCall:
     parse: StepParser
     load: BodyLoader = load_json
     read_chunk: ChunkReader | None = None
+    streamed_whole: bool = False
 
     def read(self, raw: bytes, options: ParseOptions, streaming: bool) -> Step:
         """One body or stream event's bytes -> a Step."""

@@ -27,12 +27,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
-
 from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.parse import ParseOptions
 from gateway.logprobs.report import TranslationReport
-from gateway.sse import split_events
 from gateway.translate.generation import Generation
 from gateway.upstreams.base import Step, StepParser, ToolCallDelta, UpstreamCall
 from gateway.upstreams.openai_compatible import Flavor
@@ -46,7 +43,7 @@ def adapt(call: UpstreamCall, gen: Generation) -> UpstreamCall:
     parse = call.parse
     if gen.logprobs and gen.stop and not gen.stream:
         body = {**call.body, "stream": True, "stream_options": {"include_usage": True}}
-        return UpstreamCall(call.path, body, _whole_stream(parse), _stream_payloads)
+        return UpstreamCall(call.path, body, _whole_stream(parse), streamed_whole=True)
     return dataclasses.replace(call, parse=_settled(parse, gen.logprobs))
 
 
@@ -58,10 +55,6 @@ def _settled(parse: StepParser, asked: bool) -> StepParser:
             _check_entries(step)
         return step
     return settle
-
-
-def _stream_payloads(raw: bytes, options: ParseOptions) -> list[Any]:
-    return [orjson.loads(data) for data in split_events(raw)]
 
 
 def _whole_stream(parse: StepParser) -> StepParser:
