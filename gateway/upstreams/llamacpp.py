@@ -15,7 +15,8 @@ tests/captures/real/llamacpp-b1-smollm2.json):
 - non-streamed, a stop string removes as many entries as the stop string has *tokens* (`send_final_response`:
   `common_tokenize(stopping_word)`), although the entries are per piece of text, so real entries vanish
   ("chat stop string": `stop: ["🏽"]` returns "👋" with no entries). Streams are not trimmed: such a
-  request (logprobs asked, not streamed) is asked for as a stream and read whole, so no entry is lost.
+  request (logprobs asked, not streamed) is asked for as a stream and read whole, so no entry is lost;
+  its text is then the stream's, which never has the U+FFFD of a character a cap stopped inside.
 
 Logprobs are asked for only when the client wants them; then `top_logprobs` is always sent (it
 returns none for 0).
