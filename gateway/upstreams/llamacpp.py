@@ -28,11 +28,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.canonical.generation import Generation
+from gateway.canonical.step import Step, ToolCallDelta
 from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.parse import ParseOptions
 from gateway.logprobs.report import TranslationReport
-from gateway.translate.generation import Generation
-from gateway.upstreams.base import Step, StepParser, ToolCallDelta, UpstreamCall
+from gateway.upstreams.base import StepParser, UpstreamCall
 from gateway.upstreams.openai_compatible import Flavor
 
 REPLACEMENT = "\ufffd"
