@@ -38,9 +38,13 @@ def _rendered(token_bytes: list[bytes], steps: list[tuple[int, float, list[tuple
     return orjson.dumps(stream.finish("length", {"input_tokens": 3, "output_tokens": len(steps)})[-1]["response"])
 
 
-def _step(size: int, *, float32: bool) -> st.SearchStrategy[tuple[int, float, list[tuple[int, float]]]]:
+def _step(size: int, *, float32: bool | str) -> st.SearchStrategy[tuple[int, float, list[tuple[int, float]]]]:
+    """float32: True (vLLM's, llama.cpp's), False (any float64), "decimal" (rounded to 6 places, as the
+    vLLM simulator prints them)."""
     logprob = st.floats(min_value=-30, max_value=0, allow_nan=False)
-    if float32:
+    if float32 == "decimal":
+        logprob = logprob.map(lambda value: round(value, 6))
+    elif float32:
         logprob = logprob.map(_f32)
     values = st.one_of(logprob, st.just(float("-inf")), st.just(-0.0))  # -inf: the sentinel the renderer maps
     index = st.integers(min_value=0, max_value=size - 1)
@@ -64,14 +68,14 @@ def demo_bytes(demo_vocab) -> list[bytes]:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data(), float32=st.booleans(), k=st.sampled_from([0, 1, 5]))
+@given(data=st.data(), float32=st.sampled_from([True, False, "decimal"]), k=st.sampled_from([0, 1, 5]))
 def test_qwen2_responses_round_trip_byte_for_byte(qwen2_bytes, data, float32, k):
     steps = data.draw(st.lists(_step(len(qwen2_bytes), float32=float32), min_size=1, max_size=40))
     _assert_round_trip(_rendered(qwen2_bytes, steps, k))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data(), float32=st.booleans())
+@given(data=st.data(), float32=st.sampled_from([True, False, "decimal"]))
 def test_demo_vocab_responses_round_trip_byte_for_byte(demo_bytes, data, float32):
     steps = data.draw(st.lists(_step(len(demo_bytes), float32=float32), min_size=1, max_size=40))
     _assert_round_trip(_rendered(demo_bytes, steps, 5))
@@ -106,14 +110,21 @@ def test_lists_of_another_shape_are_kept_as_json():
         assert orjson.dumps(codec.decode(codec.encode(raw))) == raw
 
 
-def test_a_stored_100_token_k5_response_is_compact():
-    """Qwen2-like pieces with float32 logprobs (what vLLM sends): far under the 8 KB a stored Response may take."""
+@pytest.mark.parametrize("values", ["float32", "decimal"])
+def test_a_stored_100_token_k5_response_is_compact(values):
+    """Float32 logprobs (what vLLM sends) or six-decimal ones (the simulator's): well under the 8 KB a
+    stored Response may take."""
     pieces = [f" word{i}".encode() for i in range(400)]
-    steps = [(i * 7 % 400, _f32(-0.01 * (i + 1)), [((i * 13 + j) % 400, _f32(-1.5 - j / 7)) for j in range(5)])
+
+    def value(x: float) -> float:
+        return _f32(x) if values == "float32" else round(x, 6)
+
+    steps = [(i * 7 % 400, value(-0.01 * (i + 1)), [((i * 13 + j) % 400, value(-1.5 - j / 7)) for j in range(5)])
              for i in range(100)]
     raw = _rendered(pieces, steps, 5)
     encoded = _assert_round_trip(raw)
     assert len(raw) > 30_000 and len(encoded) < 6_000
+    assert codec.encode(raw, 6) == encoded
 
 
 async def test_a_file_written_by_the_previous_version_still_reads(tmp_path):

@@ -8,7 +8,8 @@ usual shape (`render_responses`: `{"token", "logprob", "bytes", "top_logprobs": 
 "bytes"}]}` with `token` the bytes decoded as `render_responses` decodes them, and float logprobs) that
 way, the rest of the value as JSON, and deflates the lot. The logprobs are float32 when every one of
 the value's floats is exactly a float32 (what vLLM and llama.cpp send: their logprobs are float32
-numbers printed in full), else float64, so `decode(encode(v))` is `v` again, float for float, with the
+numbers printed in full), else as decimal units where every one has at most 3, 6 or 9 decimals,
+else float64, so `decode(encode(v))` is `v` again, float for float, with the
 same key order (`orjson.dumps` of both is the same bytes). A list of any other shape is kept as JSON.
 
 A value written before this format (plain JSON: it starts with `{` or `[`) is read as it is.
@@ -89,10 +90,7 @@ def encode(value: Any, level: int = 6) -> bytes:
     columns = _Columns()
     skeleton = raw if _INT_LOGPROBS.search(raw) else _LIST.sub(columns.take, raw)
     values = list(map(float, columns.numbers))
-    floats = array("f", values)
-    kind = 4
-    if array("d", floats).tobytes() != array("d", values).tobytes():  # not all float32 (or a -0.0 lost)
-        floats, kind = array("d", values), 8
+    floats, kind = _floats(values)
     try:
         counts = array("B", columns.top_counts)
     except OverflowError:  # more than 255 alternatives somewhere: keep it all as JSON
@@ -102,6 +100,42 @@ def encode(value: Any, level: int = 6) -> bytes:
              array("I", columns.indices).tobytes(), floats.tobytes()]
     header = _HEADER.pack(*(len(part) for part in parts), kind)
     return MAGIC + zlib.compress(header + b"".join(parts), level)
+
+
+def _floats(values: list[float]) -> tuple[array[Any], int]:
+    """The values as float32 (kind 4) when each is exactly one (what vLLM and llama.cpp send); else as
+    integers in units of 10^-d (kind 16 + d: int32, 32 + d: int64) when each has at most d <= 9 decimal
+    digits (what a server sends that prints them rounded: -0.573378); else as float64 (kind 8)."""
+    floats = array("f", values)
+    exact = array("d", values).tobytes()
+    if array("d", floats).tobytes() == exact:  # (bytes compared: a -0.0 must stay one)
+        return floats, 4
+    for digits in (3, 6, 9):
+        scale = 10.0 ** digits
+        try:
+            units = [round(value * scale) for value in values]
+        except (OverflowError, ValueError):
+            break
+        if array("d", [unit / scale for unit in units]).tobytes() == exact:
+            try:
+                return array("i", units), 16 + digits
+            except OverflowError:
+                try:
+                    return array("q", units), 32 + digits
+                except OverflowError:
+                    break
+    return array("d", values), 8
+
+
+def _values(kind: int, raw: memoryview) -> list[float]:
+    if kind in (4, 8):
+        floats = array("f" if kind == 4 else "d")
+        floats.frombytes(raw)
+        return floats.tolist()
+    units = array("i" if kind < 32 else "q")
+    units.frombytes(raw)
+    scale = 10.0 ** (kind % 16)
+    return [unit / scale for unit in units]
 
 
 def encode_plain(raw: bytes, level: int = 6) -> bytes:
@@ -137,9 +171,7 @@ def decode(blob: bytes) -> Any:
     list_lengths.frombytes(parts[2])
     counts.frombytes(parts[3])
     indices.frombytes(parts[4])
-    floats = array("f" if kind == 4 else "d")
-    floats.frombytes(parts[5])
-    values = floats.tolist()
+    values = _values(kind, parts[5])
     lists: list[list[dict[str, Any]]] = []
     at = position = 0
     for length in list_lengths:
