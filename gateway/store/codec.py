@@ -17,6 +17,7 @@ A value written before this format (plain JSON: it starts with `{` or `[`) is re
 
 from __future__ import annotations
 
+import itertools
 import re
 import struct
 import zlib
@@ -51,36 +52,40 @@ class _Columns:
         self.indices: list[int] = []
         self.numbers: list[bytes] = []
 
-    def _add(self, key: tuple[bytes, bytes]) -> int:
-        token, text = key
-        data = bytes(int(b) for b in text.split(b",")) if text else b""  # ValueError past 255
-        if b",".join(str(b).encode() for b in data) != text or orjson.dumps(
-                data.decode("utf-8", "backslashreplace")) != token:
-            raise ValueError("not the usual entry")  # the token is not its bytes as render_responses spells them
-        index = self.table[key] = len(self.data)
-        self.data.append(data)
-        return index
+    def _add(self, keys: list[tuple[bytes, bytes]]) -> None:
+        """Put new (token JSON, byte values text) keys in the table, checked all at once (C-level calls):
+        ValueError unless each token is its bytes as render_responses spells them, each list canonical."""
+        listed = b"[[" + b"],[".join([text for _, text in keys]) + b"]]"
+        values = orjson.loads(listed)
+        if orjson.dumps(values) != listed:
+            raise ValueError("not the usual entry")
+        data = list(map(bytes, values))  # ValueError past 255, TypeError for a non-int
+        tokens = b"[" + b",".join([token for token, _ in keys]) + b"]"
+        if orjson.dumps([piece.decode("utf-8", "backslashreplace") for piece in data]) != tokens:
+            raise ValueError("not the usual entry")
+        start = len(self.data)
+        self.table.update(zip(keys, range(start, start + len(keys)), strict=True))
+        self.data += data
 
     def take(self, match: re.Match[bytes]) -> bytes:
         """The list's columns appended; its place in the skeleton (`"logprobs":N`)."""
-        table, indices, counts, numbers = self.table, self.indices, self.top_counts, self.numbers
-        marks = (len(indices), len(counts))
+        items = _ITEM.findall(match.group(1))
+        keys = [(token, text) for token, _, text, _ in items]
+        table = self.table
         try:
-            entries = 0
-            for token, number, text, head in _ITEM.findall(match.group(1)):
-                key = (token, text)
-                index = table.get(key)
-                indices.append(self._add(key) if index is None else index)
-                numbers.append(number)
-                if head:
-                    counts.append(0)
-                    entries += 1
-                else:
-                    counts[-1] += 1
-        except (ValueError, IndexError):
-            del indices[marks[0]:], numbers[marks[0]:], counts[marks[1]:]
+            new = [key for key in dict.fromkeys(keys) if key not in table]
+            if new:
+                self._add(new)
+        except (ValueError, TypeError, orjson.JSONDecodeError):
             return match.group(0)
-        self.list_lengths.append(entries)
+        heads = [position for position, item in enumerate(items) if item[3]]
+        if not heads or heads[0] != 0:
+            return match.group(0)
+        self.indices += map(table.__getitem__, keys)
+        self.numbers += [number for _, number, _, _ in items]
+        heads.append(len(items))
+        self.top_counts += [after - before - 1 for before, after in itertools.pairwise(heads)]
+        self.list_lengths.append(len(heads) - 1)
         return b'"logprobs":%d' % (len(self.list_lengths) - 1)
 
 
@@ -110,7 +115,7 @@ def _floats(values: list[float]) -> tuple[array[Any], int]:
     exact = array("d", values).tobytes()
     if array("d", floats).tobytes() == exact:  # (bytes compared: a -0.0 must stay one)
         return floats, 4
-    for digits in (3, 6, 9):
+    for digits in (6, 3, 9):  # six first: what the simulator (and servers printing %f) send
         scale = 10.0 ** digits
         try:
             units = [round(value * scale) for value in values]
