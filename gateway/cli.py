@@ -9,9 +9,9 @@ import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -45,6 +45,17 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     try:
         config = load_config(args.config)
+        from gateway.workers import resolve_workers
+
+        workers = resolve_workers(config, args.workers)
+        metrics_dir = None
+        if workers > 1:
+            from gateway.metrics import enable_multiprocess
+            from gateway.workers import multiprocess_metrics_dir
+
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no tokenizer threads across the fork
+            metrics_dir = multiprocess_metrics_dir()
+            enable_multiprocess(metrics_dir)
         app = create_app(config, build_routes(config, on_tokenizer=print_tokenizer_loaded))
         # Start-up objects (tokenizer tables, templates) live forever: keep the collector off them.
         gc.freeze()
@@ -70,12 +81,42 @@ def _serve(args: argparse.Namespace) -> int:
     else:
         run = getattr(uvloop, "run", run)  # uvloop.run needs uvloop >= 0.18
     reloader = Reloader(app, args.config, on_tokenizer=print_tokenizer_loaded)
+    if workers > 1:
+        return _supervise(app, reloader, host, port, workers, metrics_dir, run)
     try:
         run(serve(app, host, port, reloader))
     except ListenError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _supervise(app: web.Application, reloader: Any, host: str, port: int, workers: int, metrics_dir: str | None,
+               run: Callable[[Any], Any]) -> int:
+    """`serve --workers N`: bind the port, fork the workers (gateway.workers), watch them until SIGTERM."""
+    import shutil
+    import socket
+
+    from gateway.app import STATE
+    from gateway.server import ListenError, serve
+    from gateway.workers import Supervisor, listening_sockets
+
+    try:
+        sockets = listening_sockets(host, port, workers)
+    except ListenError as exc:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    config = app[STATE].config
+    bound = sockets[0].getsockname()[1]
+    print(f"responses-gateway on http://{host}:{bound} ({len(config.models)} models, {workers} workers)", flush=True)
+
+    def worker(index: int, sock: socket.socket, reload_first: bool, ready: Callable[[], None]) -> int:
+        run(serve(app, host, bound, reloader, sock=sock, reload_first=reload_first, on_listening=ready))
+        return 0
+
+    return Supervisor(workers, sockets, config.shutdown.grace_seconds, worker, metrics_dir).run()
 
 
 DEMO_REQUEST = {
@@ -245,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the YAML config (config.example.yaml documents every key)")
     serve.add_argument("--host", help="address to listen on (default: the config's listen.host, else 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to listen on (default: the config's listen.port, else 8080)")
+    serve.add_argument("--workers", metavar="N", help="worker processes accepting on the port: a number, or auto "
+                       "(the CPUs this process may use, cgroup limits included); default: the config's workers, "
+                       "else 1")
 
     demo = commands.add_parser(
         "demo", help="offline demo: a simulated vLLM upstream, the gateway, one request printed as a table",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -198,6 +198,8 @@ class Config(_Strict):
     shutdown: Shutdown = Shutdown()
     logging: Logging = Logging()
     playground: bool = False  # GET /playground: the logprob viewer page (on in `demo`)
+    # Worker processes accepting on the listen port (`auto`: the CPUs this process may use); see gateway.workers.
+    workers: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
     base_dir: Path = Field(default=Path("."), exclude=True)
 
     @model_validator(mode="after")

@@ -2,6 +2,10 @@
 exposes (bytes from ids, repairs by alignment, ambiguous positions, collisions, sentinels).
 
 Each app owns its registry, so several apps in one process (tests, the demo) never collide.
+With `serve --workers N` (gateway.workers) the values live in prometheus_client's multiprocess
+files instead (`enable_multiprocess`, before the app is built): each worker writes its own, and a
+scrape of any worker sums them all (counters and histograms summed, including workers that have
+since died; the in-flight gauge summed over live workers), every label kept.
 
 Labelled children are looked up once and kept (`child`, `ReportCounters`): prometheus_client's
 `labels()` validates, stringifies and locks on every call, which adds up per stream chunk. A child
@@ -10,9 +14,11 @@ is still created at the first update that needs it, so the exposition shows the 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.logprobs.report import TranslationReport
 
@@ -20,9 +26,22 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 _PER_TOKEN_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 
 
+_multiprocess_dir: str | None = None
+
+
+def enable_multiprocess(directory: str) -> None:
+    """From now on, metrics made in this process (and its forks) keep their values in `directory`,
+    one file per process, and `exposition` sums the files. Call before the first Metrics()."""
+    global _multiprocess_dir
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory  # where prometheus_client's values write
+    values.ValueClass = values.MultiProcessValue()
+    _multiprocess_dir = directory
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.multiprocess_dir = _multiprocess_dir
         r = self.registry
         route = ["model", "upstream", "route", "stream"]
         self.requests = Counter("gateway_requests", "Requests answered", [*route, "status"], registry=r)
@@ -38,7 +57,8 @@ class Metrics:
                                           ["upstream", "replica"], buckets=_LATENCY_BUCKETS, registry=r)
         self.upstream_errors = Counter("gateway_upstream_errors", "Upstream faults by replica and kind",
                                        ["upstream", "replica", "kind"], registry=r)
-        self.in_flight = Gauge("gateway_in_flight_requests", "Requests being served", ["route"], registry=r)
+        self.in_flight = Gauge("gateway_in_flight_requests", "Requests being served", ["route"], registry=r,
+                               multiprocess_mode="livesum")
         labels = ["model", "upstream"]
         self.from_ids = Counter("gateway_logprob_tokens_from_ids", "Tokens whose bytes came from token ids",
                                 labels, registry=r)
@@ -92,7 +112,11 @@ class Metrics:
             self.report_counters(model, upstream).count(report)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        every_worker = CollectorRegistry()
+        MultiProcessCollector(every_worker, path=self.multiprocess_dir)
+        return generate_latest(every_worker)
 
 
 class StoreCounters:

@@ -26,6 +26,8 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that went away before
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 # Endpoints that answer without a key: probes and the scrape.
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+#: Fields every access line carries: a worker process's number and pid (gateway.workers sets them).
+ACCESS_FIELDS: dict[str, Any] = {}
 
 
 def access_line(entry: dict[str, Any]) -> str:
@@ -75,7 +77,8 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
             status = CLIENT_CLOSED_REQUEST
         if log.isEnabledFor(logging.INFO):
             entry = {"request_id": request_id, "method": request.method, "path": request.path, "status": status,
-                     "duration_ms": round((time.perf_counter() - started) * 1000, 2), **request["log"]}
+                     "duration_ms": round((time.perf_counter() - started) * 1000, 2), **ACCESS_FIELDS,
+                     **request["log"]}
             log.info(access_line(entry))
 
 

@@ -25,7 +25,7 @@ from gateway.routing import TokenizerLoaded, build_routes
 log = logging.getLogger("responses_gateway")
 
 #: Config sections fixed when the app is built: a reload keeps their running values.
-RESTART_ONLY = ("listen", "store", "auth", "limits", "playground")
+RESTART_ONLY = ("listen", "store", "auth", "limits", "playground", "workers")
 
 
 class Reloader:
@@ -42,6 +42,10 @@ class Reloader:
             log.warning('{"event":"reload_ignored","reason":"a reload is already running"}')
             return
         self.task = asyncio.create_task(self._run())
+
+    async def run_now(self) -> None:
+        """Reload at once (a worker started after a reload, before it accepts); a failure is logged."""
+        await self._run()
 
     async def cancel(self) -> None:
         if self.task is not None and not self.task.done():

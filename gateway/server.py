@@ -12,8 +12,10 @@ import errno
 import logging
 import os
 import signal
+import socket
 import sys
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -59,19 +61,32 @@ async def listen(runner: web.AppRunner, host: str, port: int) -> int:
     return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
 
-async def serve(app: web.Application, host: str, port: int, reloader: Reloader | None = None) -> None:
+async def serve(app: web.Application, host: str, port: int, reloader: Reloader | None = None, *,
+                sock: socket.socket | None = None, reload_first: bool = False,
+                on_listening: Callable[[], None] | None = None) -> None:
     """Listen until SIGTERM or SIGINT, then drain. SIGHUP reloads the config through `reloader`;
-    without one it drains like SIGTERM (never the default action, which kills in-flight streams)."""
+    without one it drains like SIGTERM (never the default action, which kills in-flight streams).
+
+    A worker process (gateway.workers) passes the listening `sock` it was given, `reload_first` when
+    the config was reloaded since the supervisor loaded it (so it serves what its siblings serve),
+    and `on_listening`, called once it accepts."""
     state = app[STATE]
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
     await runner.setup()
-    port = await listen(runner, host, port)
-    print(f"responses-gateway on http://{host}:{port} ({len(state.config.models)} models)", flush=True)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(signal.SIGHUP, stop.set if reloader is None else reloader.request)
+    if sock is None:
+        port = await listen(runner, host, port)
+        print(f"responses-gateway on http://{host}:{port} ({len(state.config.models)} models)", flush=True)
+    else:
+        if reload_first and reloader is not None:
+            await reloader.run_now()
+        await web.SockSite(runner, sock).start()
+    if on_listening is not None:
+        on_listening()
     await stop.wait()
     if reloader is not None:
         await reloader.cancel()  # a reload not yet swapped in is dropped

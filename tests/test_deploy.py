@@ -13,6 +13,7 @@ import copy
 import functools
 import http.server
 import json
+import math
 import shlex
 import shutil
 import socket
@@ -364,6 +365,23 @@ def test_gateway_container_runs_non_root_read_only_without_capabilities(overlay)
     assert volume_at(gateway, "/tmp") is not None, "a read-only root needs a writable /tmp"
     for bound in ("requests", "limits"):
         assert {"cpu", "memory"} <= set(gateway["resources"][bound]), bound
+
+
+def _cpus(quantity: str | int) -> float:
+    text = str(quantity)
+    return int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+@overlays
+def test_gateway_runs_a_worker_per_cpu_it_is_given_and_requests_them(overlay):
+    """`workers: auto` counts the container's CPU limit (cgroup cpu.max); the request asks for as many,
+    so no worker is counted for a core the scheduler never reserved."""
+    objects = render(overlay)
+    config, gateway = gateway_config(objects), container(objects, GATEWAY)
+    limit, request = (_cpus(gateway["resources"][bound]["cpu"]) for bound in ("limits", "requests"))
+    assert config.workers == "auto" or config.workers == math.ceil(limit)
+    assert request == limit and limit >= 2
+    assert config.store.backend != "memory"
 
 
 @overlays
