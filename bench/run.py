@@ -186,7 +186,9 @@ def _gateway_argv(config: Path, source: Path | None = None) -> list[str]:
 
 @contextlib.contextmanager
 def start_stack(canned: dict[str, Any], canned_path: Path, out: Path, *, burst: bool, pin: bool,
-                store: str = "none", gateway_src: Path | None = None) -> Iterator[Stack]:
+                store: str = "none", gateway_src: Path | None = None, workers: int = 1) -> Iterator[Stack]:
+    """The upstream, relay, gateway and load generator; with `workers` > 1 the relay and the gateway
+    each run that many processes (bench.workers)."""
     under_test, environment = _cpu_sets() if pin else (None, None)
     procs: list[Proc] = []
     try:
@@ -196,7 +198,8 @@ def start_stack(canned: dict[str, Any], canned_path: Path, out: Path, *, burst: 
         procs.append(upstream)
         _await_ready(upstream)
         upstream_url = f"http://127.0.0.1:{upstream.port}"
-        relay = _spawn("relay", [sys.executable, "-m", "bench.relay", "--upstream", upstream_url], under_test,
+        more = ["--workers", str(workers)] if workers > 1 else []
+        relay = _spawn("relay", [sys.executable, "-m", "bench.relay", "--upstream", upstream_url, *more], under_test,
                        out / "relay.log")
         procs.append(relay)
         _await_ready(relay)
@@ -204,8 +207,8 @@ def start_stack(canned: dict[str, Any], canned_path: Path, out: Path, *, burst: 
         config_path = out / "gateway.yaml"
         config = gateway_config(upstream_url, canned["model"], canned["tokenizer"], gw_port, store)
         config_path.write_text(json.dumps(config, indent=2))  # JSON is YAML
-        gateway = _spawn("gateway", _gateway_argv(config_path, gateway_src), under_test, out / "gateway.log",
-                         source=gateway_src)
+        gateway = _spawn("gateway", [*_gateway_argv(config_path, gateway_src), *more], under_test,
+                         out / "gateway.log", source=gateway_src)
         gateway.port = gw_port
         procs.append(gateway)
         _await_http(f"http://127.0.0.1:{gw_port}/v1/models", gateway)

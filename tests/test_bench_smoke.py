@@ -43,3 +43,14 @@ def test_store_benchmark_compares_the_default_store_with_none_and_measures_the_f
     # What each stored 100-token k=5 Response takes in its row (issue 19: at most 8 KB on disk).
     assert figures["blob_bytes_per_response"] <= 8192
     assert "Bytes per stored response" in store.markdown(report, "pytest")
+
+
+def test_workers_benchmark_runs_one_and_two_worker_stacks_with_no_errors(tmp_path):
+    from bench import workers
+
+    report = workers.run(tmp_path, rounds=1, duration=0.05, demo_vocab=True, progress=False)
+    assert set(report["summary"]) == {1, 2}
+    for row in report["summary"].values():
+        assert row["errors"] == 0 and row["streams_per_s"] > 0 and row["relay_streams_per_s"] > 0
+    assert report["scaling"] > 0 and report["share_of_relay"] > 0
+    assert "| 2 |" in workers.markdown(report, "pytest")

@@ -1,0 +1,97 @@
+"""How `serve --workers N` scales: streamed Responses with 1 and 2 workers, each next to a relay with as many
+processes, in the default configuration (store on, SQLite).
+
+    .venv/bin/python -m bench.workers               # ~2 minutes: 3 interleaved rounds of each row
+
+Row: streamed Responses, 100 tokens, k=5, concurrency 64, driven against the direct upstream, the relay
+(`bench.relay --workers N`) and the gateway (`serve --workers N`) back to back (bench/run.py's cells).
+The 1- and 2-worker stacks run one after the other, round after round, so machine noise hits both
+alike; medians over rounds. Nothing is pinned: with 2 workers the gateway needs both cores, so the
+1-worker row is unpinned too (the upstream and the load generator share the cores with it).
+Targets (issue 19): 2 workers >= 1.8x the streams/s of 1 worker, and >= 50% of a 2-worker relay's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.canned import Case, record_to_file
+from bench.run import QUICK, ROOT, Plan, _median, machine, run_cell, start_stack
+
+CASE, CONCURRENCY = Case("chat", True, 5, 100), 64
+WORKERS = (1, 2)
+
+
+def run(out: Path, rounds: int, duration: float, *, demo_vocab: bool = False, progress: bool = True
+        ) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    canned_path = out / "canned.json"
+    canned = record_to_file([CASE], canned_path, use_qwen2=False if demo_vocab else None)
+    plan = Plan(**{**QUICK.__dict__, "duration": duration, "max_seconds": max(4 * duration, 2.0)})
+    cells: dict[int, list[dict[str, Any]]] = {n: [] for n in WORKERS}
+    for round_ in range(rounds):
+        for workers in WORKERS:
+            with start_stack(canned, canned_path, out, burst=False, pin=False, store="sqlite",
+                             workers=workers) as stack:
+                cell = run_cell(stack, canned, CASE, CONCURRENCY, plan)
+            cells[workers].append(cell)
+            if progress:
+                g, r = cell["gateway"], cell["relay"]
+                print(f"round {round_ + 1} workers={workers}: gateway {g['rps']:.1f} streams/s, relay "
+                      f"{r['rps']:.1f}/s, direct {cell['direct']['rps']:.1f}/s, errors {g['errors']}", flush=True)
+    summary = {n: {"streams_per_s": _median([c["gateway"]["rps"] for c in cells[n]]),
+                   "relay_streams_per_s": _median([c["relay"]["rps"] for c in cells[n]]),
+                   "direct_streams_per_s": _median([c["direct"]["rps"] for c in cells[n]]),
+                   "other_load_cores": _median([c["gateway"].get("other_load_cores") or 0 for c in cells[n]]),
+                   "errors": sum(c["gateway"]["errors"] + c["relay"]["errors"] for c in cells[n])}
+               for n in WORKERS}
+    one, two = summary[1], summary[2]
+    return {"machine": machine(), "cpus": len(os.sched_getaffinity(0)), "rounds": rounds, "duration": duration,
+            "vocab": canned["vocab"], "summary": summary,
+            "scaling": two["streams_per_s"] / one["streams_per_s"],
+            "relay_scaling": two["relay_streams_per_s"] / one["relay_streams_per_s"],
+            "share_of_relay": two["streams_per_s"] / two["relay_streams_per_s"]}
+
+
+def markdown(report: dict[str, Any], command: str) -> str:
+    s = report["summary"]
+    lines = [f"`{command}` ({report['rounds']} rounds, medians; vocab {report['vocab']}; {report['cpus']} CPUs; "
+             f"streamed Responses, {CASE.tokens} tokens, k={CASE.k}, c={CONCURRENCY}, store sqlite, unpinned)", "",
+             "| workers | gateway streams/s | relay streams/s (same processes) | gateway % of relay | direct upstream "
+             "| other load (cores) | errors |",
+             "|---|---|---|---|---|---|---|"]
+    for n in WORKERS:
+        row = s[n]
+        lines.append(f"| {n} | {row['streams_per_s']:.1f} | {row['relay_streams_per_s']:.1f} | "
+                     f"{100 * row['streams_per_s'] / row['relay_streams_per_s']:.0f}% | "
+                     f"{row['direct_streams_per_s']:.1f} | {row['other_load_cores']:.2f} | {row['errors']} |")
+    scaling, share = report["scaling"], report["share_of_relay"]
+    met = "met" if scaling >= 1.8 else "MISSED"
+    lines += ["", f"Scaling, 2 workers over 1: {scaling:.2f}x (target >= 1.8x: {met}); "
+                  f"the relay's own: {report['relay_scaling']:.2f}x. 2-worker gateway = {100 * share:.0f}% of the "
+                  f"2-worker relay (target >= 50%: {'met' if share >= 0.5 else 'MISSED'})."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.workers", description="serve --workers 1 vs 2")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out-workers")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per measured window")
+    parser.add_argument("--demo-vocab", action="store_true", help="the demo tokenizer even if Qwen2 is present")
+    args = parser.parse_args(argv)
+    given = argv if argv is not None else sys.argv[1:]
+    command = "python -m bench.workers " + " ".join(shlex.quote(a) for a in given)
+    report = run(args.out, args.rounds, args.duration, demo_vocab=args.demo_vocab)
+    print()
+    print(markdown(report, command.strip()))
+    return 0 if all(row["errors"] == 0 for row in report["summary"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
