@@ -273,3 +273,36 @@ def test_a_cgroup_cpu_quota_bounds_auto(tmp_path):
     (v1 / "cpu.cfs_quota_us").write_text("50000\n")
     (v1 / "cpu.cfs_period_us").write_text("100000\n")
     assert available_cpus(tmp_path / "v1", proc) == 1
+
+
+async def test_sighup_reaches_every_worker_and_a_restarted_worker_reloads_before_it_serves(aiohttp_server, tmp_path):
+    vocab = build_demo_vocab()
+    old = await aiohttp_server(create_simulator(vocab, "demo-model", default_reply="old upstream"))
+    new = await aiohttp_server(create_simulator(vocab, "demo-model", default_reply="new upstream"))
+    config = _config(tmp_path / "config.yaml", str(old.make_url("")).rstrip("/"))
+    gateway = await Gateway.start(config, "--workers", "2")
+    try:
+        base = await gateway.base_url()
+        first, _ = await gateway.ready_workers(2)
+        _config(config, str(new.make_url("")).rstrip("/"))
+        gateway.process.send_signal(signal.SIGHUP)
+        await gateway.wait_for(lambda r: isinstance(r, dict) and len(gateway.events("reloaded")) >= 2,
+                               "a reloaded line from each worker")
+        os.kill(first, signal.SIGKILL)  # its replacement is forked from the supervisor's original config
+        replacement = (await gateway.ready_workers(3))[2]
+        assert len(gateway.events("reloaded")) == 3  # it reloaded before it listened
+        async with fresh_session() as session:
+            seen: set[int] = set()
+            for attempt in range(60):
+                request_id = f"after-reload-{attempt}"
+                answer = await _post(session, f"{base}/v1/responses", {**BODY, "store": False}, request_id)
+                assert answer["output"][0]["content"][0]["text"].startswith("new upstr")
+                seen.add(await gateway.worker_of(request_id))
+                if replacement in seen and len(seen) == 2:
+                    break
+            else:
+                raise AssertionError(f"both workers never answered: {seen}")
+        gateway.process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(gateway.process.wait(), 60) == 0
+    finally:
+        await gateway.close()
