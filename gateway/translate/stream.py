@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from gateway.canonical.step import ToolCallDelta, UpstreamFormatError
+from gateway.logprobs.packed import PackedTokens
 from gateway.logprobs.render import render_responses, render_responses_json
 from gateway.logprobs.tokens import Token
 from gateway.logprobs.vocab import Vocab
@@ -41,6 +42,7 @@ from gateway.translate.response_object import (
 from gateway.translate.tools import InputStream
 
 _MESSAGE = "message"
+_TEXT_PIECES = 64  # the message's text is joined whenever this many pieces wait
 
 
 @dataclass(slots=True)
@@ -88,30 +90,31 @@ class _MessageLogprobs:
     """The message's logprob entries, as its reader wants them.
 
     As dicts for code that reads them; as JSON (`orjson.Fragment`) for the server, which only
-    serializes them: each delta's array is written once by the compiled renderer and the message's
-    whole list is joined from those arrays, so no entry dict is built or kept (several times faster,
-    a fraction of the memory per open stream). Without delta events (a non-streamed Response) the
-    tokens wait and are rendered once, at the end.
+    serializes them: each delta's array is written by the compiled renderer and sent, and the
+    message's tokens are kept packed (`PackedTokens`: their bytes, logprobs and alternatives in flat
+    arrays, ~100 bytes a token at k=5 where the JSON is ~600) until the whole list is asked for, at
+    the end, and rendered once, no entry dict built. A long stream so holds a few bytes per token,
+    not its rendered logprobs. Without delta events (a non-streamed Response) the tokens wait as they
+    are and are rendered once, at the end.
     """
 
     def __init__(self, k: int, serialized: bool) -> None:
         self.k = k
         self.serialized = serialized
         self._dicts: list[dict[str, Any]] = []
-        self._parts: list[bytes] = []  # JSON arrays, one per delta
+        self._packed = PackedTokens()  # the tokens of the deltas sent so far (serialized)
         self._waiting: list[Token] = []
         self._joined: orjson.Fragment | None = None
 
     def delta(self, tokens: list[Token]) -> Logprobs:
-        """The entries of one delta event, also kept for the message."""
+        """The entries of one delta event; its tokens are also kept for the message."""
         if not self.serialized:
             entries = render_responses(tokens, self.k)
             self._dicts.extend(entries)
             return entries
-        part = render_responses_json(tokens, self.k)
-        self._parts.append(part)
+        self._packed.extend(tokens)
         self._joined = None
-        return orjson.Fragment(part)
+        return orjson.Fragment(render_responses_json(tokens, self.k))
 
     def keep(self, tokens: list[Token]) -> None:
         """Tokens of text that gets no delta event: rendered with the rest when the list is asked for."""
@@ -119,20 +122,14 @@ class _MessageLogprobs:
         self._joined = None
 
     def whole(self) -> Logprobs:
-        if self._waiting:
-            if self.serialized:
-                self._parts.append(render_responses_json(self._waiting, self.k))
-            else:
-                self._dicts.extend(render_responses(self._waiting, self.k))
-            self._waiting = []
         if not self.serialized:
+            if self._waiting:
+                self._dicts.extend(render_responses(self._waiting, self.k))
+                self._waiting = []
             return self._dicts
         if self._joined is None:
-            if len(self._parts) == 1:
-                self._joined = orjson.Fragment(self._parts[0])
-            else:
-                inner = b",".join([part[1:-1] for part in self._parts if len(part) > 2])
-                self._joined = orjson.Fragment(b"[" + inner + b"]")
+            tokens = self._packed.tokens() if len(self._packed) else []
+            self._joined = orjson.Fragment(render_responses_json(tokens + self._waiting, self.k))
         return self._joined
 
 
@@ -257,7 +254,10 @@ class ResponsesStream:
         return events
 
     def _delta(self, text: str, tokens: list[Token]) -> dict[str, Any] | None:
-        self._text.append(text)
+        pieces = self._text
+        pieces.append(text)
+        if len(pieces) >= _TEXT_PIECES:  # one str per character costs ~50 bytes each in a long stream
+            pieces[:] = ["".join(pieces)]
         if not self._with_deltas:
             if self.settings.include_logprobs:
                 self._logprobs.keep(tokens)
