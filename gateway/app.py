@@ -75,8 +75,6 @@ class GatewayState:
     probes: list[asyncio.Task] = field(default_factory=list)
     health_checks: list[asyncio.Task] = field(default_factory=list)  # per replica set (start_probes)
     loop_lag: LoopLag = field(default_factory=LoopLag)  # a timeout while the loop was stalled is ours
-    # Long streams end a few at a time (`_LONG_STREAM_TOKENS`): see `_stream`.
-    long_endings: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(_LONG_ENDINGS))
 
 
 STATE = web.AppKey("gateway_state", GatewayState)
@@ -583,7 +581,6 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
     route = exchange.route
     name = route.upstream_name
     finished = False
-    ending: asyncio.Semaphore | None = None
     try:
         await sink.begin(front.start())
         send = sink.send
@@ -623,12 +620,6 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
                     unsent = 0
             if finish_reason is None:
                 raise UpstreamFormatError("upstream stream ended without a finish_reason")
-            if exchange.sent_tokens + unsent >= _LONG_STREAM_TOKENS:
-                # The closing frames of a long message repeat its whole logprob list four times (~2 MB
-                # at 1,000 tokens, k=5) and stay in the socket's buffer until the client reads them:
-                # many long streams ending together would hold all of that at once. A few at a time.
-                ending = state.long_endings
-                await ending.acquire()
             items = front.finish(finish_reason, exchange.step_usage)
             route.replicas.succeeded(replica)
             if exchange.on_final is not None:
@@ -662,8 +653,6 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
         exchange.sent_tokens += unsent
         finished = True
     finally:
-        if ending is not None:
-            ending.release()
         exchange.reports.flush()
         if not finished:
             # The client went away: drop the upstream connection so the server stops generating.
@@ -673,8 +662,6 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
 
 
 _REPORT_FLUSH_SECONDS = 1.0
-_LONG_STREAM_TOKENS = 256  # a stream this long takes a turn (of `_LONG_ENDINGS`) to write its end
-_LONG_ENDINGS = 8
 
 
 def _stream_failed(request: web.Request, reason: str, code: str | None = None) -> None:
