@@ -69,3 +69,13 @@ def test_sentencepiece_first_token_may_lose_the_leading_space_the_decoder_strips
     assert align(pieces, b" To sell").spans == [b" To", b" sell"]
     with pytest.raises(AlignmentError):
         align([Piece(exact=b" To"), Piece(exact=b" sell")], b"To sell")
+
+
+def test_adjacent_split_characters_without_a_tokenizer_are_each_spelled_per_character():
+    # Real vLLM 0.32 without token ids (tests/real_engines/test_vllm_cases.py): "", "雖", "", " 오팀" —
+    # two split characters in a row. Taken as one run they stayed a guess (1 + 2 bytes for 雖, shown as
+    # exact); each run ends at its completing token, whose string pins where it ends.
+    pieces = [Piece(""), Piece("雖"), Piece(""), Piece(" 오팀")]
+    found = align(pieces, "雖 오팀".encode())
+    assert found.spans == [b"", "雖".encode(), b"", " 오팀".encode()]
+    assert found.ambiguous == frozenset() and found.per_character == 2

@@ -73,6 +73,20 @@ def test_a_token_holding_invalid_bytes_and_the_next_characters_start_waits_for_i
     assert _texts(TextGrouper(), tokens) == [("\ufffd疤", [b"\xe7", b"\xa8\xe7", b"\x96\xa4"])]
 
 
-def test_a_cap_after_invalid_bytes_keeps_their_u_fffd_and_the_dangling_tail():
+def test_a_cap_after_invalid_bytes_keeps_the_dangling_tail_with_the_text_the_upstream_wrote():
+    # vLLM (as tokenizers' DecodeStream) holds e7 + a8 e7 back whole (its decoding ends in U+FFFD) and writes
+    # nothing for them when a cap stops there; an upstream that wrote U+FFFD for the invalid bytes gets it.
     tokens = [Token(b"\xe7", -0.1), Token(b"\xa8\xe7", -0.2)]
-    assert _texts(TextGrouper(), tokens, "length") == [("\ufffd", [b"\xe7", b"\xa8\xe7"])]
+    assert _texts(TextGrouper(), tokens, "length") == [("", [b"\xe7", b"\xa8\xe7"])]
+    grouper = TextGrouper()
+    assert grouper.feed(tokens[:1], "") == [] and grouper.feed(tokens[1:], "\ufffd") == []
+    assert grouper.finish("length") == [("\ufffd", tokens)]
+
+
+def test_a_cap_inside_a_token_holding_a_whole_character_leaves_that_character_out_as_vllm_does():
+    # Real vLLM 0.32 (tests/real_engines/test_vllm_exact.py): "久し" + the start of the next character in
+    # one last token is not in its text; the token keeps its entry, in a group with no text.
+    grouper = TextGrouper()
+    assert grouper.feed([Token("有两个".encode(), -0.1)], "有两个") == [("有两个", [Token("有两个".encode(), -0.1)])]
+    assert grouper.feed([Token(b"\xe4\xb9\x85\xe3\x81\x97\xe3\x81", -0.2)], "") == []
+    assert grouper.finish("length") == [("", [Token(b"\xe4\xb9\x85\xe3\x81\x97\xe3\x81", -0.2)])]

@@ -129,12 +129,17 @@ def _per_character(pieces: Sequence[Piece], found: Alignment) -> Alignment:
     spans = list(found.spans)
     ambiguous = set(found.ambiguous)
     spelled = 0
-    for start in sorted(found.ambiguous):
-        if start not in ambiguous or start - 1 in found.ambiguous:
-            continue  # not the start of a run
-        end = start
-        while end + 1 in found.ambiguous:
-            end += 1
+    # A run ends at its completing token: adjacent runs (a split character right after another, as real
+    # vLLM writes "", "雖", "", " 오팀") are spelled one by one; the completing token's end is pinned by
+    # its string, so each run's span is.
+    runs: list[list[int]] = []
+    for index in sorted(found.ambiguous):
+        if not runs or index != runs[-1][-1] + 1 or pieces[runs[-1][-1]].exact is not None \
+                or pieces[runs[-1][-1]].string != "":
+            runs.append([])
+        runs[-1].append(index)
+    for members in runs:
+        start, end = members[0], members[-1]
         run = pieces[start:end + 1]
         if end == start or any(p.exact is not None or p.string != "" for p in run[:-1]) or run[-1].string == "":
             continue

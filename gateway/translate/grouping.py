@@ -205,8 +205,12 @@ class TextGrouper:
         # Else one U+FFFD past the logprobs: the unfinished character a server stopped inside, written as
         # U+FFFD with no entry for any of its tokens (llama.cpp, non-streamed): its text, no logprobs.
         held = self._held if finish_reason == "length" else [t for t in self._held if t.bytes]
-        # Invalid bytes that waited with an unfinished character one token also holds: their U+FFFD.
+        # The tokens still waiting spell only what the upstream wrote for them: vLLM's detokenizer (as
+        # tokenizers' DecodeStream) holds back a token ending inside a character with any whole character
+        # or U+FFFD it also holds, and never writes them when generation stops there
+        # (tests/real_engines/test_vllm_exact.py saw "久し" of b"\xe4\xb9\x85\xe3\x81\x97\xe3\x81" missing).
         text = _final_prefix(self._pending_bytes)[0] if self._pending else ""
+        text = text[:max(0, self._upstream_chars - self._emitted_chars)]
         dangling = self._pending + held
         self._pending, self._held, self._pending_bytes = [], [], bytearray()
         groups = [(text, dangling)] if dangling else []

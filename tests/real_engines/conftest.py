@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.real_engines import engines
+from tests.real_engines.truth import TokenTable
 
 HERE = Path(__file__).resolve().parent
 VLLM_START_TIMEOUT = 900.0  # seconds; ~3 min on an idle 2-core machine, more when it is busy
@@ -176,6 +177,13 @@ def real_vllm() -> Iterator[RealEngine]:
     model_dir = engines.parts().qwen2_dir.resolve()
     yield RealEngine("vLLM", _url(process), engines.VLLM_MODEL, "vllm", {"directory": str(model_dir)},
                      model_dir, engines.VLLM_MAX_LOGPROBS, _startup(process))
+
+
+@pytest.fixture(scope="session")
+def vllm_tokens(real_vllm: RealEngine) -> TokenTable:
+    """The served model's token id -> bytes (tokenizers' reading of its tokenizer.json)."""
+    assert real_vllm.model_dir is not None
+    return TokenTable(real_vllm.model_dir / "tokenizer.json")
 
 
 @pytest.fixture(scope="session")

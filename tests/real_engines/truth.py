@@ -93,7 +93,10 @@ class Exchange:
     request: dict[str, Any]
     status: int = 0
     body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+    started: asyncio.Event = field(default_factory=asyncio.Event)  # the server's status and headers came
     done: asyncio.Event = field(default_factory=asyncio.Event)  # set once the server's answer has ended
+    truth_tokens: list[TrueToken] = field(default_factory=list)  # a test's note: what truth() read
 
     @property
     def streamed(self) -> bool:
@@ -142,13 +145,19 @@ class Recorder:
 
     def __init__(self, target: str) -> None:
         self.target = target.rstrip("/")
+        # What a test may add to the gateway's generation requests on their way (the server's answer to
+        # them is still its own): e.g. a logit_bias no front door offers, to make vLLM stop sooner.
+        self.add_to_requests: dict[str, Any] = {}
         self.exchanges: list[Exchange] = []
         self.app = web.Application()
         self.app.router.add_route("*", "/{tail:.*}", self._relay)
         self._session: aiohttp.ClientSession | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self.app.on_cleanup.append(self._close)
 
     async def _close(self, app: web.Application) -> None:
+        for task in list(self._tasks):
+            task.cancel()
         if self._session is not None:
             await self._session.close()
 
@@ -163,6 +172,25 @@ class Recorder:
         await asyncio.wait_for(found[-1].done.wait(), 30)
         return found[-1]
 
+    async def _read(self, exchange: Exchange, method: str, path: str, body: bytes, headers: dict[str, str],
+                    chunks: asyncio.Queue[bytes | None]) -> None:
+        assert self._session is not None
+        kept = bytearray()
+        try:
+            async with self._session.request(method, self.target + path, data=body, headers=headers) as upstream:
+                exchange.status = upstream.status
+                exchange.headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
+                exchange.started.set()
+                async for chunk in upstream.content.iter_any():
+                    kept += chunk
+                    chunks.put_nowait(chunk)
+        finally:
+            exchange.body = bytes(kept)
+            exchange.status = exchange.status or 502
+            exchange.started.set()
+            exchange.done.set()
+            chunks.put_nowait(None)
+
     async def _relay(self, request: web.Request) -> web.StreamResponse:
         if self._session is None:
             self._session = aiohttp.ClientSession(auto_decompress=False)
@@ -170,26 +198,22 @@ class Recorder:
         exchange = Exchange(request.path, json.loads(body) if request.method == "POST" and body else {})
         if exchange.request:
             self.exchanges.append(exchange)
+            if self.add_to_requests and request.path.endswith("completions"):
+                exchange.request.update(self.add_to_requests)
+                body = json.dumps(exchange.request).encode()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-        try:
-            async with self._session.request(request.method, self.target + request.path_qs, data=body,
-                                             headers=headers) as upstream:
-                answer = web.StreamResponse(status=upstream.status, headers={
-                    k: v for k, v in upstream.headers.items() if k.lower() not in _HOP})
-                exchange.status = upstream.status
-                await answer.prepare(request)
-                kept = bytearray()
-                relaying = True
-                async for chunk in upstream.content.iter_any():
-                    kept += chunk
-                    if relaying:
-                        try:
-                            await answer.write(chunk)
-                        except (ConnectionError, RuntimeError):
-                            relaying = False  # the gateway hung up: keep reading, to keep all vLLM sent
-                exchange.body = bytes(kept)
-                if relaying:
-                    await answer.write_eof()
-        finally:
-            exchange.done.set()
+        answer = web.StreamResponse()
+        chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+        # The server's answer is read to its end by a task of its own: if the gateway hangs up (its handler
+        # here is then cancelled), the exchange still holds everything the server sent.
+        reading = asyncio.create_task(self._read(exchange, request.method, request.path_qs, body, headers, chunks))
+        self._tasks.add(reading)
+        reading.add_done_callback(self._tasks.discard)
+        await asyncio.shield(exchange.started.wait())
+        answer.set_status(exchange.status)
+        answer.headers.update(exchange.headers)
+        await answer.prepare(request)
+        while (chunk := await chunks.get()) is not None:
+            await answer.write(chunk)
+        await answer.write_eof()
         return answer
