@@ -317,6 +317,9 @@ class VLLMSimulator(SimulatorBase):
                     prompt_token_ids=gen.prompt_ids if n == 0 and (gen.echo or gen.return_token_ids) else None,
                     token_ids=step_ids,
                 )
+                if finish is not None and not gen.include_usage:
+                    # (vLLM 0.32.0 without include_usage: the finishing chunk carries the fingerprint)
+                    chunk["system_fingerprint"] = wire.SYSTEM_FINGERPRINT
             text_len += len(delta)
             chunks.append((chunk, end))
             for chunk, done in chunks:

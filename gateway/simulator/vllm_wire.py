@@ -7,8 +7,15 @@ completion/protocol.py @ 002032ee, serving.py @ 5e918640 / cc139d8e):
 - chat chunks are dumped with `exclude_unset=True`: only the fields the server set appear
   (the first chunk has `prompt_token_ids`, content chunks have `token_ids`, the finishing chunk
   also `stop_reason`);
-- completion chunks are dumped with `exclude_unset=False`: every field, nulls included;
-- final usage chunks drop nulls (`exclude_none=True`).
+- completion chunks: only the envelope and the choice (vLLM 0.32.0 as captured in
+  tests/captures/real/vllm-0.32.0-qwen2-tiny.json, "completions stream": no `usage`,
+  `system_fingerprint` or `metrics` keys; main's source read as `exclude_unset=False`);
+- final usage chunks drop nulls (`exclude_none=True`) and carry the `system_fingerprint`
+  (the capture's "chat stream logprobs" / "completions stream": `vllm-0.32.0-2e465bef`);
+- the first chat chunk has `prompt_token_ids` and `prompt_text`, null unless asked for (the capture).
+
+tests/test_vllm_real_capture.py replays every captured request against this simulator and checks
+the field sets match.
 
 Logprob formatting follows `_create_chat_logprobs` / `_get_top_logprobs` (chat) and
 `_create_completion_logprobs` (completions): see `chat_logprobs` and `completion_logprobs`.
@@ -44,6 +51,10 @@ def _spelling(token_id: int, strings: TokenStr, as_ids: bool) -> str:
     return f"token_id:{token_id}" if as_ids else strings(token_id)
 
 
+# vLLM writes "vllm-<version>-<hash>" (the capture: vllm-0.32.0-2e465bef); the simulator says what it is.
+SYSTEM_FINGERPRINT = "vllm-0.32.0-simulator"
+
+
 def usage_body(prompt_tokens: int, completion_tokens: int, *, drop_nulls: bool = False) -> JSON:
     usage: JSON = {
         "prompt_tokens": prompt_tokens,
@@ -52,6 +63,7 @@ def usage_body(prompt_tokens: int, completion_tokens: int, *, drop_nulls: bool =
     }
     if not drop_nulls:
         usage["prompt_tokens_details"] = None
+        usage["completion_tokens_details"] = None  # (the capture's non-streamed bodies)
     return usage
 
 
@@ -226,7 +238,7 @@ def chat_response(
 def chat_role_chunk(env: Envelope, prompt_token_ids: list[int] | None) -> JSON:
     delta = {"role": "assistant", "content": ""}
     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
-    return {**env.head(_CHAT_CHUNK), "choices": [choice], "prompt_token_ids": prompt_token_ids}
+    return {**env.head(_CHAT_CHUNK), "choices": [choice], "prompt_token_ids": prompt_token_ids, "prompt_text": None}
 
 
 def chat_echo_chunk(env: Envelope, text: str) -> JSON:
@@ -245,7 +257,7 @@ def chat_content_chunk(
 
 
 def chat_usage_chunk(env: Envelope, usage: JSON) -> JSON:
-    return {**env.head(_CHAT_CHUNK), "choices": [], "usage": usage}
+    return {**env.head(_CHAT_CHUNK), "choices": [], "usage": usage, "system_fingerprint": SYSTEM_FINGERPRINT}
 
 
 def completion_response(
@@ -291,11 +303,11 @@ def completion_chunk(
         "prompt_token_ids": prompt_token_ids,
         "token_ids": token_ids,
     }
-    return {**env.head(_COMPLETION), "choices": [choice], "usage": None, "system_fingerprint": None, "metrics": None}
+    return {**env.head(_COMPLETION), "choices": [choice]}
 
 
 def completion_usage_chunk(env: Envelope, usage: JSON) -> JSON:
-    return {**env.head(_COMPLETION), "choices": [], "usage": usage}
+    return {**env.head(_COMPLETION), "choices": [], "usage": usage, "system_fingerprint": SYSTEM_FINGERPRINT}
 
 
 # --- models ---------------------------------------------------------------------------------
