@@ -85,7 +85,8 @@ class Metrics:
         self.store_write_failures = Counter("gateway_store_write_failures",
                                             "Responses the store failed to save (each is logged with its id)",
                                             registry=r)
-        self.store_queue = Gauge("gateway_store_queue_depth", "Responses waiting for the store's writer", registry=r)
+        self.store_queue = Gauge("gateway_store_queue_depth", "Responses waiting for the store's writer", registry=r,
+                                 multiprocess_mode="livesum")  # one figure over the live workers
         self._children: dict[tuple[Any, ...], Any] = {}
         self._reports: dict[tuple[str, str], ReportCounters] = {}
 
