@@ -143,3 +143,8 @@ async def stream_response(stack, **params):
     assert raw and raw[-1]["type"] in TERMINAL_EVENTS, [frame["type"] for frame in raw[-3:]]
     assert sum(frame["type"] in TERMINAL_EVENTS for frame in raw) == 1
     return STREAM_EVENT.validate_python(raw[-1]).response, raw
+
+
+def last_upstream_body(stack) -> dict:
+    """The JSON body of the last request the stack's simulator received."""
+    return list(stack.stats.recent)[-1]["body"]

@@ -23,7 +23,7 @@ from pydantic import TypeAdapter
 from gateway.logprobs.demo_vocab import build_demo_vocab
 from gateway.translate.tools import InputStream, custom_input
 from tests.e2e import create_response as _create
-from tests.e2e import start_stack
+from tests.e2e import last_upstream_body, start_stack
 
 STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 CODEX_REQUEST = Path(__file__).parent / "captures" / "codex-0.171.0-exec-request.json"
@@ -51,16 +51,13 @@ def vocab():
     return build_demo_vocab()
 
 
-def _last_upstream_body(stack) -> dict:
-    return list(stack.stats.recent)[-1]["body"]
-
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_namespace_members_are_offered_as_functions_and_calls_come_back_namespaced(aiohttp_server, vocab,
                                                                                          stream):
     stack = await start_stack(aiohttp_server, vocab, replies=REPLIES, tokens_per_step=3)
     first, raw = await _create(stack, stream, input="spawn one", tools=[EXEC, AGENTS])
-    offered = _last_upstream_body(stack)["tools"]
+    offered = last_upstream_body(stack)["tools"]
     assert [tool["function"]["name"] for tool in offered] == ["exec_command", "multi_agent_v1__spawn_agent"]
     member = offered[1]["function"]
     assert member["description"] == "Tools for sub-agents.\n\nSpawn a sub-agent."
@@ -79,7 +76,7 @@ async def test_namespace_members_are_offered_as_functions_and_calls_come_back_na
                {"type": "function_call_output", "call_id": call.call_id, "output": "agent said ok"}]
     second, _ = await _create(stack, stream, input=history, tools=[EXEC, AGENTS])
     assert second.output_text == "Done: the agent is running."
-    messages = _last_upstream_body(stack)["messages"]
+    messages = last_upstream_body(stack)["messages"]
     assert messages[1]["tool_calls"] == [{"id": call.call_id, "type": "function", "function": {
         "name": "multi_agent_v1__spawn_agent", "arguments": call.arguments}}]
 
@@ -89,7 +86,7 @@ async def test_custom_tool_is_one_string_parameter_and_its_call_is_a_custom_tool
                                                                                       stream):
     stack = await start_stack(aiohttp_server, vocab, replies=REPLIES, tokens_per_step="vary")
     first, raw = await _create(stack, stream, input="patch it", tools=[PATCH_TOOL])
-    [offered] = _last_upstream_body(stack)["tools"]
+    [offered] = last_upstream_body(stack)["tools"]
     assert offered["function"]["name"] == "apply_patch"
     parameters = offered["function"]["parameters"]
     assert parameters["required"] == ["input"] and parameters["properties"]["input"]["type"] == "string"
@@ -110,7 +107,7 @@ async def test_custom_tool_is_one_string_parameter_and_its_call_is_a_custom_tool
                {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "patched"}]
     second, _ = await _create(stack, stream, input=history, tools=[PATCH_TOOL])
     assert second.output_text == "The file is added."
-    messages = _last_upstream_body(stack)["messages"]
+    messages = last_upstream_body(stack)["messages"]
     [sent_call] = messages[1]["tool_calls"]
     assert sent_call["function"]["name"] == "apply_patch"
     assert json.loads(sent_call["function"]["arguments"]) == {"input": PATCH}
@@ -121,10 +118,10 @@ async def test_custom_tool_choice_names_its_function(aiohttp_server, vocab):
     stack = await start_stack(aiohttp_server, vocab, replies=REPLIES)
     await stack.client.responses.create(model=stack.model, input="patch it", tools=[PATCH_TOOL, AGENTS],
                                         tool_choice={"type": "custom", "name": "apply_patch"})
-    assert _last_upstream_body(stack)["tool_choice"] == {"type": "function", "function": {"name": "apply_patch"}}
+    assert last_upstream_body(stack)["tool_choice"] == {"type": "function", "function": {"name": "apply_patch"}}
     await stack.client.responses.create(model=stack.model, input="spawn one", tools=[PATCH_TOOL, AGENTS],
                                         tool_choice={"type": "function", "name": "spawn_agent"})
-    assert _last_upstream_body(stack)["tool_choice"] == {
+    assert last_upstream_body(stack)["tool_choice"] == {
         "type": "function", "function": {"name": "multi_agent_v1__spawn_agent"}}
 
 
@@ -138,7 +135,7 @@ async def test_hosted_tools_are_dropped_counted_and_reported(aiohttp_server, voc
     response = raw.parse()
     assert response.status == "completed"
     assert [tool.type for tool in response.tools] == ["function"]  # what the model was offered
-    assert [tool["function"]["name"] for tool in _last_upstream_body(stack)["tools"]] == ["exec_command"]
+    assert [tool["function"]["name"] for tool in last_upstream_body(stack)["tools"]] == ["exec_command"]
     [line] = [json.loads(r.getMessage()) for r in caplog.records if '"/v1/responses"' in r.getMessage()]
     assert line["hosted_tools_dropped"] == ["web_search", "file_search"]
     async with aiohttp.ClientSession() as session, session.get(stack.url("/metrics")) as metrics:
@@ -177,7 +174,7 @@ async def test_codex_default_request_capture_is_answered(aiohttp_server, vocab):
     final = frames[-1]["response"]
     assert frames[-1]["type"] == "response.completed" and final["store"] is False
     assert final["output"][0]["content"][0]["text"] == "hi 👋"
-    sent = _last_upstream_body(stack)
+    sent = last_upstream_body(stack)
     names = [tool["function"]["name"] for tool in sent["tools"]]
     assert "multi_agent_v1__spawn_agent" in names and "exec_command" in names and len(names) == 12
     assert "client_metadata" not in sent and "prompt_cache_key" not in sent  # Responses-only fields stay here

@@ -13,7 +13,7 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import BaseModel, TypeAdapter
 
 from gateway.logprobs.demo_vocab import build_demo_vocab
-from tests.e2e import LOGPROBS, assert_exact_logprobs, chatml_template, start_stack
+from tests.e2e import LOGPROBS, assert_exact_logprobs, chatml_template, last_upstream_body, start_stack
 from tests.e2e import create_response as _create
 
 STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
@@ -46,9 +46,6 @@ def vocab():
     return build_demo_vocab()
 
 
-def _last_upstream_body(stack) -> dict:
-    return list(stack.stats.recent)[-1]["body"]
-
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_two_turn_tool_call_with_the_history_sent_back(aiohttp_server, vocab, stream):
@@ -60,7 +57,7 @@ async def test_two_turn_tool_call_with_the_history_sent_back(aiohttp_server, voc
     assert call.id.startswith("fc_") and call.call_id.startswith("call_")
     assert json.loads(call.arguments) == {"city": "Paris"}
     assert first.status == "completed" and first.tools[0].name == "get_weather"
-    sent = _last_upstream_body(stack)
+    sent = last_upstream_body(stack)
     assert sent["tools"] == [{"type": "function", "function": {k: WEATHER_TOOL[k] for k in
                                                                ("name", "description", "parameters", "strict")}}]
     assert sent["parallel_tool_calls"] is False
@@ -80,7 +77,7 @@ async def test_two_turn_tool_call_with_the_history_sent_back(aiohttp_server, voc
     second, _ = await _create(stack, stream, input=history, tools=[WEATHER_TOOL], include=LOGPROBS, top_logprobs=2)
     assert second.output_text == ANSWER
     assert_exact_logprobs(second.output[0].content[0], 2)
-    messages = _last_upstream_body(stack)["messages"]
+    messages = last_upstream_body(stack)["messages"]
     assert messages[1] == {"role": "assistant", "content": None, "tool_calls": [
         {"id": call.call_id, "type": "function", "function": {"name": "get_weather", "arguments": call.arguments}}]}
     assert messages[2] == {"role": "tool", "tool_call_id": call.call_id, "content": TOOL_RESULT}
@@ -106,13 +103,13 @@ async def test_tool_choice_is_re_nested_for_chat(aiohttp_server, vocab):
     named = {"type": "function", "name": "get_weather"}
     response = await stack.client.responses.create(model=stack.model, input=QUESTION, tools=[WEATHER_TOOL],
                                                    tool_choice=named)
-    assert _last_upstream_body(stack)["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert last_upstream_body(stack)["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
     assert response.tool_choice.name == "get_weather"
     other = {**WEATHER_TOOL, "name": "get_time"}
     allowed = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "get_time"}]}
     await stack.client.responses.create(model=stack.model, input=QUESTION, tools=[WEATHER_TOOL, other],
                                         tool_choice=allowed)
-    sent = _last_upstream_body(stack)
+    sent = last_upstream_body(stack)
     assert sent["tool_choice"] == "required" and [t["function"]["name"] for t in sent["tools"]] == ["get_time"]
 
 
@@ -164,7 +161,7 @@ async def test_json_schema_output_parses_and_the_format_is_re_nested(aiohttp_ser
     assert CityWeather.model_validate_json(response.output_text) == CityWeather(city="Paris", temp_c=21)
     assert response.text.format.type == "json_schema" and response.text.format.schema_ == schema
     assert response.text.format.strict is True and response.text.format.name == "city_weather"
-    assert _last_upstream_body(stack)["response_format"] == {
+    assert last_upstream_body(stack)["response_format"] == {
         "type": "json_schema", "json_schema": {"name": "city_weather", "schema": schema, "strict": True}}
 
 
@@ -180,7 +177,7 @@ async def test_json_object_format(aiohttp_server, vocab):
                                                    text={"format": {"type": "json_object"}})
     assert json.loads(response.output_text)["city"] == "Paris"
     assert response.text.format.type == "json_object"
-    assert _last_upstream_body(stack)["response_format"] == {"type": "json_object"}
+    assert last_upstream_body(stack)["response_format"] == {"type": "json_object"}
 
 
 # --- reasoning ------------------------------------------------------------------------------------
@@ -239,7 +236,7 @@ async def test_reasoning_then_a_tool_call(aiohttp_server, vocab, stream):
                {"type": "function_call_output", "call_id": response.output[1].call_id, "output": TOOL_RESULT}]
     second, _ = await _create(stack, stream, input=history, tools=[WEATHER_TOOL])
     assert second.output_text == ANSWER
-    assert [m["role"] for m in _last_upstream_body(stack)["messages"]] == ["user", "assistant", "tool"]
+    assert [m["role"] for m in last_upstream_body(stack)["messages"]] == ["user", "assistant", "tool"]
 
 
 async def test_a_function_call_output_must_answer_an_earlier_function_call(aiohttp_server, vocab):
@@ -286,8 +283,8 @@ async def test_chat_front_door_passes_tools_and_returns_tool_calls(aiohttp_serve
     [call] = choice.message.tool_calls
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
     assert choice.logprobs.content == []  # the markup is no message text
-    assert _last_upstream_body(stack)["tools"] == [CHAT_TOOL]
-    assert _last_upstream_body(stack)["tool_choice"] == "auto"
+    assert last_upstream_body(stack)["tools"] == [CHAT_TOOL]
+    assert last_upstream_body(stack)["tool_choice"] == "auto"
 
 
 async def test_chat_front_door_streams_tool_call_pieces(aiohttp_server, vocab):
