@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from bench.canned import Case, record_to_file
-from bench.run import QUICK, ROOT, Plan, _median, machine, run_cell, start_stack
+from bench.run import QUICK, ROOT, Plan, _median, _wait_quiet, machine, run_cell, start_stack
 
 ROWS = ((Case("chat", False, 5, 100), 1), (Case("chat", True, 5, 100), 16))
 CONFIGS = ("sqlite", "none")
@@ -127,7 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per measured window")
     parser.add_argument("--gateway-src", type=Path, help="run the gateway from this source tree (A/B runs)")
+    parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                        help="first wait up to this long for other processes to leave the cores (shared machines)")
     args = parser.parse_args(argv)
+    if args.wait_quiet > 0:
+        _wait_quiet(args.wait_quiet)
     command = "python -m bench.store " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     report = run(args.out, args.rounds, args.duration, args.gateway_src)
     text = markdown(report, command.strip())

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.canned import Case, record_to_file
-from bench.run import QUICK, ROOT, Plan, _median, machine, run_cell, start_stack
+from bench.run import QUICK, ROOT, Plan, _median, _wait_quiet, machine, run_cell, start_stack
 
 CASE, CONCURRENCY = Case("chat", True, 5, 100), 64
 WORKERS = (1, 2)
@@ -84,7 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per measured window")
     parser.add_argument("--demo-vocab", action="store_true", help="the demo tokenizer even if Qwen2 is present")
+    parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                        help="first wait up to this long for other processes to leave the cores (shared machines)")
     args = parser.parse_args(argv)
+    if args.wait_quiet > 0:
+        _wait_quiet(args.wait_quiet)
     given = argv if argv is not None else sys.argv[1:]
     command = "python -m bench.workers " + " ".join(shlex.quote(a) for a in given)
     report = run(args.out, args.rounds, args.duration, demo_vocab=args.demo_vocab)
