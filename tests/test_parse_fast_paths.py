@@ -1,13 +1,18 @@
 """The one-pass readers for token-id placeholders and exact bytes give what the general reader gives."""
 
+import codecs
+import json
 import math
+from pathlib import Path
 
+import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.logprobs import parse as parse_module
 from gateway.logprobs.align import AlignmentError
+from gateway.logprobs.body_scan import load_chat_body
 from gateway.logprobs.demo_vocab import build_demo_vocab
 from gateway.logprobs.parse import LogprobParseError, ParseOptions, parse_chat, parse_completions
 from gateway.logprobs.tokens import Candidate, Token, normalize_candidates
@@ -153,3 +158,101 @@ candidate_lists = st.lists(st.builds(Candidate, st.sampled_from([b"a", b"b", b"\
 def test_normalizing_candidates_matches_the_reference_dedupe_and_stable_sort(candidates, k):
     assert [tuple(c) for c in normalize_candidates(candidates, k)] == \
         [tuple(c) for c in _normalize_reference(candidates, k)]
+
+
+@st.composite
+def unspelled_texts(draw, vocab, size):
+    """Token ids and a text their bytes do not spell as they are, as servers send them: a length cap left
+    the last character unfinished (the text holds it back), a stop string cut from the text, a lossy
+    text (U+FFFD or another character in place of one of its characters)."""
+    ids = draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=12))
+    joined = b"".join(vocab.token_bytes(i) for i in ids if not vocab.is_special(i))
+    kind = draw(st.sampled_from(["held tail", "stop string", "lossy", "any"]))
+    if kind == "held tail":
+        text = codecs.utf_8_decode(joined, "replace", False)[0]
+    elif kind == "stop string":
+        cut = draw(st.integers(0, len(ids)))
+        text = b"".join(vocab.token_bytes(i) for i in ids[:cut] if not vocab.is_special(i)).decode("utf-8", "replace")
+    elif kind == "lossy":
+        text = joined.decode("utf-8", "replace")
+        if text:
+            at = draw(st.integers(0, len(text) - 1))
+            text = text[:at] + draw(st.sampled_from(["\ufffd", "?", ""])) + text[at + 1:]
+    else:
+        text = draw(st.text(max_size=6))
+    return ids, text
+
+
+def _id_entries(draw, ids, size):
+    alternatives = st.lists(st.tuples(st.integers(0, size - 1), logprobs), max_size=3)
+    return [{"token": f"token_id:{i}", "logprob": draw(logprobs), "bytes": [],
+             "top_logprobs": [{"token": f"token_id:{j}", "logprob": lp, "bytes": []} for j, lp in draw(alternatives)]}
+            for i in ids]
+
+
+def _assert_exact_tokens_settle_as_the_general_reader(vocab, data):
+    ids, text = data.draw(unspelled_texts(vocab, len(vocab)))
+    content = _id_entries(data.draw, ids, len(vocab))
+    options = ParseOptions(vocab=vocab)
+    body = orjson.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                      "logprobs": {"content": content}, "finish_reason": "length"}]})
+    from_list = _outcome(lambda: parse_chat(content, options, text))
+    # The compiled scanner's IdTokens (when it is built and takes the body), as the server reads a body.
+    scanned = load_chat_body(body, options)["choices"][0]["logprobs"]["content"]
+    from_scanner = _outcome(lambda: parse_chat(scanned, options, text))
+    with pytest.MonkeyPatch.context() as patch:
+        _general_only(patch)
+        general = _outcome(lambda: parse_chat(content, options, text))
+    assert _same(from_list, general)
+    assert _same(from_scanner, general)
+    payload = {"tokens": [entry["token"] for entry in content],
+               "token_logprobs": [entry["logprob"] for entry in content],
+               "top_logprobs": [{alt["token"]: alt["logprob"] for alt in entry["top_logprobs"]} for entry in content]}
+    fast = _outcome(lambda: parse_completions(payload, options, text))
+    with pytest.MonkeyPatch.context() as patch:
+        _general_only(patch)
+        general = _outcome(lambda: parse_completions(payload, options, text))
+    assert _same(fast, general)
+
+
+@given(st.data())
+@settings(max_examples=300)
+def test_id_tokens_a_text_does_not_spell_settle_as_the_general_reader_does(data):
+    """The id reader's exact Tokens go to the same settling (`_finish`) the general reader's entries go to,
+    instead of every entry being read again: the same Tokens and report, or the same error."""
+    _assert_exact_tokens_settle_as_the_general_reader(VOCAB, data)
+
+
+@given(st.data())
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_qwen2_id_tokens_a_text_does_not_spell_settle_as_the_general_reader_does(qwen2_vocab, data):
+    """The same over Qwen2's real BPE, whose tokens split CJK characters and emoji."""
+    _assert_exact_tokens_settle_as_the_general_reader(qwen2_vocab, data)
+
+
+def test_real_vllm_reply_cut_inside_a_character_keeps_its_exact_tokens(qwen2_vocab):
+    """Real vLLM 0.32 (tests/captures/real, "chat token ids, cap inside a character"): the 40th token leaves a
+    character unfinished and the text holds it back, so the tokens do not spell the text as they are. The
+    body's tokens are read once (by the compiled scanner where built) and settled against the text: the
+    bytes of all 40 stay exact, the unfinished last one kept past the text, as the general reader gives them."""
+    capture = json.loads((Path(__file__).parent / "captures" / "real" / "vllm-0.32.0-qwen2-tiny.json").read_text())
+    case = next(c for c in capture["cases"] if c["name"] == "chat token ids, cap inside a character")
+    body = case["response"]["body"]
+    options = ParseOptions(vocab=qwen2_vocab)
+    text = body["choices"][0]["message"]["content"]
+    content = body["choices"][0]["logprobs"]["content"]
+    scanned = load_chat_body(orjson.dumps(body), options)["choices"][0]["logprobs"]["content"]
+    parsed = parse_chat(scanned, options, text)
+    joined = b"".join(token.bytes for token in parsed.tokens)
+    assert len(parsed.tokens) == 40 and joined != text.encode()
+    # vLLM holds back the whole last token (a space and two bytes of a three-byte character); its bytes stay
+    # the id's own, past the text.
+    last = parsed.tokens[-1]
+    assert b"".join(token.bytes for token in parsed.tokens[:-1]) == text.encode()
+    assert last.bytes == qwen2_vocab.token_bytes(int(content[-1]["token"].removeprefix("token_id:")))
+    assert codecs.utf_8_decode(last.bytes, "strict", False)[1] < len(last.bytes)  # unfinished
+    assert parsed.report.from_ids == 40 and parsed.report.aligned == 0
+    with pytest.MonkeyPatch.context() as patch:
+        _general_only(patch)
+        general = _outcome(lambda: parse_chat(content, options, text))
+    assert _same(_outcome(lambda: parse_chat(scanned, options, text)), general)
