@@ -9,5 +9,6 @@ experimental.)
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("gateway.logprobs._fastpath",
-                             ["gateway/logprobs/_fastpath.c", "gateway/logprobs/_fastpath_json.c"],
+                             ["gateway/logprobs/_fastpath.c", "gateway/logprobs/_fastpath_json.c",
+                              "gateway/logprobs/_fastpath_store.c"],
                              depends=["gateway/logprobs/_fastpath.h"], optional=True)])

@@ -1,18 +1,26 @@
 """The store's compact form (gateway.store.codec) reads back exactly what was stored: the Response the
 translator rendered, byte for byte once serialized, over the demo vocab and Qwen2's real BPE (split
-characters, k=5 alternatives, float64 logprobs, sentinels); and files of earlier versions still read."""
+characters, k=5 alternatives, float64 logprobs, sentinels); and files of earlier versions still read.
+The compiled scanner (`_fastpath.store_columns`) gives the pure-Python `codec.columns`' parts exactly, or
+declines; rendered Responses it takes, and over adversarial JSON (escapes, look-alike keys and lists,
+integer and odd numbers, byte mutations) the two write the same bytes."""
 
 from __future__ import annotations
 
+import random
+import re
 import sqlite3
 import struct
+import sys
 import time
+import tracemalloc
 
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway.logprobs.compiled import fastpath
 from gateway.logprobs.tokens import Candidate, Token
 from gateway.store import codec
 from gateway.store.sqlite import SQLiteStore
@@ -51,8 +59,20 @@ def _step(size: int, *, float32: bool | str) -> st.SearchStrategy[tuple[int, flo
     return st.tuples(index, values, st.lists(st.tuples(index, values), max_size=6))
 
 
-def _assert_round_trip(raw: bytes) -> bytes:
+def _assert_twins_agree(raw: bytes, *, taken: bool = False) -> bytes:
+    """codec.encode (the compiled scanner where built) writes what the pure-Python twin writes; the
+    scanner's parts are the twin's, or None. `taken`: the scanner must not decline."""
+    python = codec.columns(raw)
+    if fastpath is not None:
+        compiled = fastpath.store_columns(raw)
+        assert compiled == python or (compiled is None and not taken)
     encoded = codec.encode(raw)
+    assert encoded == codec.pack(raw, python)
+    return encoded
+
+
+def _assert_round_trip(raw: bytes) -> bytes:
+    encoded = _assert_twins_agree(raw, taken=True)
     assert orjson.dumps(codec.decode(encoded)) == raw
     return encoded
 
@@ -106,7 +126,7 @@ def test_lists_of_another_shape_are_kept_as_json():
     ]
     for value in values:
         raw = orjson.dumps(value)
-        assert codec.decode(codec.encode(raw)) == value
+        assert codec.decode(_assert_twins_agree(raw)) == value
         assert orjson.dumps(codec.decode(codec.encode(raw))) == raw
 
 
@@ -124,7 +144,182 @@ def test_a_stored_100_token_k5_response_is_compact(values):
     raw = _rendered(pieces, steps, 5)
     encoded = _assert_round_trip(raw)
     assert len(raw) > 30_000 and len(encoded) < 6_000
-    assert codec.encode(raw, 6) == encoded
+    assert codec.decode(codec.encode(raw, 6)) == codec.decode(encoded) and len(codec.encode(raw, 6)) < len(encoded)
+
+
+@pytest.mark.parametrize("values", ["float32", "decimal"])
+def test_a_100_token_k5_response_over_qwen2_stays_under_8_kb(qwen2_bytes, values):
+    """Tokens drawn across Qwen2's vocab (nearly every one distinct: the table is most of the size), at
+    the default zlib level."""
+    rng = random.Random(1)
+
+    def value(x: float) -> float:
+        return _f32(x) if values == "float32" else round(x, 6)
+
+    steps = [(rng.randrange(20000), value(-rng.random() * 3), [(rng.randrange(20000), value(-rng.random() * 5))
+                                                                for _ in range(5)]) for _ in range(100)]
+    raw = _rendered(qwen2_bytes, steps, 5)
+    assert len(raw) > 40_000 and len(_assert_round_trip(raw)) < 8_000
+
+
+# --- the compiled scanner against the Python twin, on JSON built to trip either ----------------------
+
+_ENTRY = {"token": "a", "logprob": -1.0, "bytes": [97],
+          "top_logprobs": [{"token": "b", "logprob": -2.0, "bytes": [98]}]}
+_LOOKALIKES = ['"logprobs":[', '{"token":"a","logprob":-1.0,"bytes":[97],"top_logprobs":[]}', '\\', '\\"',
+               '"', "\n", "\\n", "logprobs", "\u2028", "\x00"]
+_texts = st.one_of(st.text(max_size=8), st.lists(st.sampled_from(_LOOKALIKES), max_size=4).map("".join))
+_floats = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False), st.floats(min_value=-30, max_value=0).map(_f32),
+    st.floats(min_value=-30, max_value=0).map(lambda value: round(value, 6)),
+    st.sampled_from([-9999.0, -0.0, 0.0, 1e-05, -1.5e-07, 1.7976931348623157e308, 5e-324]))
+_numbers = _floats | st.integers(-2**63, 2**64 - 1)
+
+
+@st.composite
+def _alternative(draw: st.DrawFn, head: bool) -> dict[str, object]:
+    data = draw(st.binary(max_size=5) | st.sampled_from([b'"', b"\\", b"\\x", b"\xff", "中".encode()[:2]]))
+    odd = draw(st.integers(0, 19))  # mostly the usual shape, so that whole lists of it come up
+    token = draw(_texts) if odd == 0 else data.decode("utf-8", "backslashreplace")
+    entry = {"token": token, "logprob": draw(_numbers if odd == 1 else _floats), "bytes": list(data)}
+    if head:
+        entry["top_logprobs"] = draw(st.lists(_alternative(False), max_size=3))
+    if odd == 2:  # another key order, or an extra key
+        entry = dict(reversed(entry.items())) if draw(st.booleans()) else {**entry, "extra": 1}
+    return entry
+
+
+_keys = st.sampled_from(["logprobs", "text", 'a"logprobs', "logprobs\\", "top_logprobs", "token"]) | _texts
+_values = st.recursive(
+    st.none() | st.booleans() | _numbers | _texts,
+    lambda children: (st.lists(children, max_size=3) | st.dictionaries(_keys, children, max_size=3)
+                      | st.lists(_alternative(True), max_size=4).map(lambda entries: {"logprobs": entries})),
+    max_leaves=12)
+# Edits (a pattern, what replaces one match of it) that turn a list of the usual shape into a near miss,
+# or into an odd spelling of one.
+_NUMBER = rb'(?<="logprob":)[-+.e0-9]+'
+_EDITS = [(rb'"bytes":\[', b'"bytes":[0'), (rb'"bytes":\[', b'"bytes":[256,'), (_NUMBER, b"-1"), (_NUMBER, b"-1E0"),
+          (_NUMBER, b"-1e400"), (_NUMBER, b"-0.0"), (_NUMBER, b"-1.00000000000000000000001"), (_NUMBER, b"1e-05"),
+          (_NUMBER, b"-00.5"), (_NUMBER, b"-1.5e+3"), (rb'"token":"a"', b'"token":"\\u0061"'), (rb"\]\}", b"]} "),
+          (rb"\[\]", b"[ ]"), (rb'\{"logprobs"', b'{"a\\"logprobs"'), (rb",", b""), (rb"\\", b"\\\n")]
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=_values, edits=st.lists(st.tuples(st.sampled_from(_EDITS), st.integers(0, 50)), max_size=3),
+       noise=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(list(b'"\\,[]{}:-.e09 \n'))), max_size=2))
+def test_compiled_and_python_scanners_write_the_same_bytes(value, edits, noise):
+    raw = orjson.dumps(value)
+    if fastpath is not None:  # the unedited value: the scanner only declines what Python would keep as JSON
+        compiled = fastpath.store_columns(raw)
+        assert compiled == codec.columns(raw) or compiled is None
+    assert codec.decode(_assert_twins_agree(raw)) == value
+    for (pattern, new), which in edits:
+        places = [match.span() for match in re.finditer(pattern, raw)]
+        if places:
+            start, end = places[which % len(places)]
+            raw = raw[:start] + new + raw[end:]
+    for position, byte in noise:
+        if raw:
+            at = position % len(raw)
+            raw = raw[:at] + bytes([byte]) + raw[at + 1:]
+    encoded = _assert_twins_agree(raw)
+    try:
+        edited = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return
+    if orjson.dumps(edited) == raw:  # still JSON as orjson writes it: it reads back
+        assert codec.decode(encoded) == edited
+
+
+def test_a_key_that_ends_in_an_escaped_quote_and_logprobs_is_not_stripped():
+    value = {'a"logprobs': [_ENTRY], "b": {"x\\": 1, "logprobs": [_ENTRY]}}
+    raw = orjson.dumps(value)
+    encoded = _assert_twins_agree(raw, taken=True)
+    assert codec.decode(encoded) == value and orjson.dumps(codec.decode(encoded)) == raw
+    assert codec.columns(raw)[0] == orjson.dumps({'a"logprobs': [_ENTRY], "b": {"x\\": 1, "logprobs": 0}})
+
+
+def test_what_the_scanner_declines_python_keeps_as_json():
+    more = {"logprobs": [{**_ENTRY, "top_logprobs": [_ENTRY["top_logprobs"][0]] * 256}]}
+    values = [{"logprobs": [_ENTRY], "n": {"logprobs": -3}},  # an int under "logprobs" anywhere
+              {"logprobs": [{**_ENTRY, "token": "b"}]},  # a token that is not its bytes
+              more]  # more alternatives than a count byte holds
+    for value in values:
+        raw = orjson.dumps(value)
+        if fastpath is not None:
+            assert fastpath.store_columns(raw) is None
+        assert codec.decode(_assert_twins_agree(raw)) == value
+    assert codec.columns(orjson.dumps(more)) is None
+    assert codec.columns(orjson.dumps(values[0]))[0] == orjson.dumps(values[0])
+
+
+@pytest.mark.parametrize("data,token", [(b"097", b'"a"'), (b"00", b'"\\u0000"'), (b"256", b'"\\\\x100"'),
+                                        (b"97,098", b'"ab"'), (b"1000", b'"x"'), (b"97", b'"\\u0061"')])
+def test_byte_lists_and_tokens_not_as_render_responses_writes_them_stay_json(data, token):
+    """Spellings that read as the same bytes and text but are not what render_responses writes: the list
+    stays as it is."""
+    good = b'{"token":"b","logprob":-2.0,"bytes":[98],"top_logprobs":[]}'
+    raw = (b'{"logprobs":[' + good + b',{"token":' + token + b',"logprob":-1.0,"bytes":[' + data
+           + b'],"top_logprobs":[]}],"more":{"logprobs":[' + good + b"]}}")
+    parts = codec.columns(raw)
+    assert parts[0] == raw.replace(b'"more":{"logprobs":[' + good + b"]}", b'"more":{"logprobs":0}')
+    assert parts[1] == b'["b"]'
+    _assert_twins_agree(raw)
+
+
+def test_two_byte_strings_spelled_alike_are_two_table_keys():
+    """The byte 0xff and the four bytes `\\xff` are both spelled "\\\\xff" (backslashreplace)."""
+    value = {"logprobs": [{"token": "\\xff", "logprob": -1.0, "bytes": [255], "top_logprobs": [
+        {"token": "\\xff", "logprob": -2.0, "bytes": list(b"\\xff")}]}]}
+    raw = orjson.dumps(value)
+    assert codec.columns(raw)[1] == b'[[255],"\\\\xff"]'
+    assert codec.decode(_assert_twins_agree(raw, taken=True)) == value
+
+
+@pytest.mark.parametrize("values,kind", [([-0.5, -1.25], 4), ([-0.123456, -2.5], 22), ([-0.123456, -0.0], 8),
+                                         ([-0.123, 1e-3], 22), ([-0.123456789, -1.0], 25), ([-1e300], 8),
+                                         ([-2000.123456], 22), ([-3000.123456], 38), ([-3000000.123456], 38),
+                                         ([0.1], 22), ([2.5e-7, 0.5], 25), ([-0.1234567890123, 0.5], 8)])
+def test_the_float_column_takes_the_first_exact_kind(values, kind):
+    raw = orjson.dumps({"logprobs": [{"token": "a", "logprob": value, "bytes": [97], "top_logprobs": []}
+                                     for value in values]})
+    assert codec.columns(raw)[-1] == kind
+    decoded = codec.decode(_assert_twins_agree(raw, taken=True))
+    assert [struct.pack("d", e["logprob"]) for e in decoded["logprobs"]] == [struct.pack("d", v) for v in values]
+
+
+@pytest.mark.skipif(fastpath is None, reason="the C extension was not built")
+@settings(max_examples=2000, deadline=None)
+@given(number=st.one_of(st.floats(allow_nan=False, allow_infinity=False).map(orjson.dumps),
+                        st.floats(width=32, allow_nan=False, allow_infinity=False).map(orjson.dumps),
+                        st.from_regex(rb"-?[0-9]{1,22}\.[0-9]{1,30}(e[-+]?[0-9]{1,3})?", fullmatch=True)))
+def test_the_scanner_reads_every_logprob_as_python_does(number):
+    """Its own reader (up to 19 digits, proven nearest) and Python's (the rest) give float(text), bit for bit."""
+    raw = b'{"logprobs":[{"token":"a","logprob":' + number + b',"bytes":[97],"top_logprobs":[]}]}'
+    parts = fastpath.store_columns(raw)
+    assert parts == codec.columns(raw)
+    assert struct.pack("d", codec._values(parts[-1], memoryview(parts[5]))[0]) == struct.pack("d", float(number))
+
+
+@pytest.mark.skipif(fastpath is None, reason="the C extension was not built")
+def test_the_scanner_leaks_nothing():
+    raw = orjson.dumps({"a": [{"logprobs": [_ENTRY] * 30}, {"logprobs": [{**_ENTRY, "x": 1}]}], "b": "c"})
+    declined = orjson.dumps({"logprobs": [_ENTRY, {**_ENTRY, "token": "z"}]})
+    plain = b'{"text":"no lists here"}'
+    counts = [sys.getrefcount(o) for o in (raw, declined, plain)]
+    tracemalloc.start()
+    try:
+        for _ in range(50):
+            fastpath.store_columns(raw), fastpath.store_columns(declined), fastpath.store_columns(plain)
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(500):
+            fastpath.store_columns(raw), fastpath.store_columns(declined), fastpath.store_columns(plain)
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert after - before < 4096
+    assert [sys.getrefcount(o) for o in (raw, declined, plain)] == counts
+    assert fastpath.store_columns(declined) is None and fastpath.store_columns(plain)[0] is plain
 
 
 async def test_a_file_written_by_the_previous_version_still_reads(tmp_path):

@@ -504,9 +504,10 @@ render_entries(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 static const char hex_digits[] = "0123456789abcdef";
 
-/* The JSON string of bytes.decode("utf-8", "backslashreplace"), escaped as orjson escapes. */
-static char *
-write_token_string(char *out, const unsigned char *s, Py_ssize_t n)
+/* The JSON string of bytes.decode("utf-8", "backslashreplace"), escaped as orjson escapes (also the
+ * store scanner's check of a stored token, _fastpath_store.c). */
+char *
+fp_write_token_string(char *out, const unsigned char *s, Py_ssize_t n)
 {
     *out++ = '"';
     Py_ssize_t i = 0;
@@ -562,7 +563,7 @@ write_entry_head(char *out, PyObject *data, const char *number, Py_ssize_t numbe
     const unsigned char *raw = (const unsigned char *)PyBytes_AS_STRING(data);
     Py_ssize_t length = PyBytes_GET_SIZE(data);
     memcpy(out, "{\"token\":", 9);
-    out = write_token_string(out + 9, raw, length);
+    out = fp_write_token_string(out + 9, raw, length);
     memcpy(out, ",\"logprob\":", 11);
     memcpy(out + 11, number, number_length);
     out += 11 + number_length;
@@ -737,6 +738,8 @@ static PyMethodDef methods[] = {
      "read_chunk(raw, completions, table, special_flags) -> (text, tokens, finish_reason) | None"},
     {"render_entries_json", (PyCFunction)(void (*)(void))render_entries_json, METH_FASTCALL,
      "render_entries_json(tokens, k, dumps) -> bytes | None"},
+    {"store_columns", (PyCFunction)(void (*)(void))fp_store_columns, METH_FASTCALL,
+     "store_columns(raw) -> (skeleton, table, list_lengths, counts, indices, floats, kind) | None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -70,9 +70,13 @@ PyObject *fp_candidate(PyObject *data, PyObject *logprob, Py_ssize_t id);
 PyObject *fp_token(PyObject *data, PyObject *logprob, PyObject *top, Py_ssize_t id, int special, int top_absent);
 int fp_check_ready(PyObject *table, PyObject *flags);
 Py_ssize_t fp_placeholder_text(const char *text, Py_ssize_t length, PyObject *table);
+char *fp_write_token_string(char *out, const unsigned char *s, Py_ssize_t n); /* writes at most 5n + 2 */
 
 /* _fastpath_json.c */
 PyObject *fp_split_chat_logprobs(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fp_read_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
+/* _fastpath_store.c */
+PyObject *fp_store_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

@@ -12,7 +12,11 @@ numbers printed in full), else as decimal units where every one has at most 3, 6
 else float64, so `decode(encode(v))` is `v` again, float for float, with the
 same key order (`orjson.dumps` of both is the same bytes). A list of any other shape is kept as JSON.
 
-A value written before this format (plain JSON: it starts with `{` or `[`) is read as it is.
+The columns are found by one compiled pass over the bytes (`_fastpath.store_columns`, ~0.1 ms for that
+Response) where the C extension is built, else by `columns` here, its twin (two `re` passes, ~2 ms):
+the same parts, byte for byte, which tests/test_store_codec.py holds over rendered Responses and
+adversarial JSON. A value written before this format (plain JSON: it starts with `{` or `[`) is read
+as it is.
 """
 
 from __future__ import annotations
@@ -26,7 +30,12 @@ from typing import Any
 
 import orjson
 
+from gateway.logprobs.compiled import fastpath
+
 MAGIC = b"RGC1"  # never the first bytes of JSON
+# zlib's fastest level: a 100-token k=5 Response deflates to ~7.1 KB (6.9 KB at 6, the default) in a
+# quarter of the time (~80 us against ~300 us), and 8 KB is the target.
+LEVEL = 1
 _HEADER = struct.Struct("<IIIIIIB")  # lengths: skeleton, table, list lengths, counts, indices, floats; float kind
 
 # The JSON orjson writes for a Responses logprobs list of the usual shape (render_responses). A quote
@@ -37,10 +46,13 @@ _BYTES = rb"\[(?:\d+(?:,\d+)*)?\]"
 _TOP = rb'\{"token":' + _STR + rb',"logprob":' + _NUM + rb',"bytes":' + _BYTES + rb"\}"
 _ENTRY = (rb'\{"token":' + _STR + rb',"logprob":' + _NUM + rb',"bytes":' + _BYTES + rb',"top_logprobs":\[(?:'
           + _TOP + rb"(?:," + _TOP + rb")*)?\]\}")
-_LIST = re.compile(rb'"logprobs":\[(' + _ENTRY + rb"(?:," + _ENTRY + rb")*)\]")
+# Only a key named `logprobs` (after `{` or `,`): a key that ends in an escaped quote and `logprobs`
+# (`"a\"logprobs":[`) is some other key.
+_LIST = re.compile(rb'(?<=[{,])"logprobs":\[(' + _ENTRY + rb"(?:," + _ENTRY + rb")*)\]")
 # Each entry and each alternative, in order; the 4th group is set for an entry (its alternatives follow).
 _ITEM = re.compile(rb'\{"token":(' + _STR + rb'),"logprob":(' + _NUM + rb'),"bytes":\[([\d,]*)\](,"top)?')
 _INT_LOGPROBS = re.compile(rb'"logprobs":-?\d')  # would read back as a stripped list: then nothing is stripped
+_compiled_columns = fastpath.store_columns if fastpath is not None else None
 
 
 class _Columns:
@@ -89,22 +101,35 @@ class _Columns:
         return b'"logprobs":%d' % (len(self.list_lengths) - 1)
 
 
-def encode(value: Any, level: int = 6) -> bytes:
+def encode(value: Any, level: int = LEVEL) -> bytes:
     """`value` (JSON bytes as orjson writes them, or a JSON value) in the compact form."""
     raw = value if isinstance(value, bytes) else orjson.dumps(value)
-    columns = _Columns()
-    skeleton = raw if _INT_LOGPROBS.search(raw) else _LIST.sub(columns.take, raw)
-    values = list(map(float, columns.numbers))
-    floats, kind = _floats(values)
+    parts = _compiled_columns(raw) if _compiled_columns is not None else None
+    return pack(raw, parts if parts is not None else columns(raw), level)
+
+
+def columns(raw: bytes) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, int] | None:
+    """The parts of raw's compact form (skeleton, table, list lengths, alternatives counts, indices,
+    floats) and the float kind; None when it is to be kept as JSON. The pure-Python twin of
+    `_fastpath.store_columns`, which returns the same or None (then this decides)."""
+    table = _Columns()
+    skeleton = raw if _INT_LOGPROBS.search(raw) else _LIST.sub(table.take, raw)
+    floats, kind = _floats(list(map(float, table.numbers)))
     try:
-        counts = array("B", columns.top_counts)
-    except OverflowError:  # more than 255 alternatives somewhere: keep it all as JSON
+        counts = array("B", table.top_counts)
+    except OverflowError:  # more than 255 alternatives somewhere
+        return None
+    return (skeleton, orjson.dumps([_plain(data) for data in table.data]), array("I", table.list_lengths).tobytes(),
+            counts.tobytes(), array("I", table.indices).tobytes(), floats.tobytes(), kind)
+
+
+def pack(raw: bytes, parts: tuple[bytes, bytes, bytes, bytes, bytes, bytes, int] | None, level: int = LEVEL) -> bytes:
+    """The compact form of `raw` from its `columns` (None: raw kept as JSON), deflated."""
+    if parts is None:
         return encode_plain(raw, level)
-    table = orjson.dumps([_plain(data) for data in columns.data])
-    parts = [skeleton, table, array("I", columns.list_lengths).tobytes(), counts.tobytes(),
-             array("I", columns.indices).tobytes(), floats.tobytes()]
-    header = _HEADER.pack(*(len(part) for part in parts), kind)
-    return MAGIC + zlib.compress(header + b"".join(parts), level)
+    *data, kind = parts
+    header = _HEADER.pack(*(len(part) for part in data), kind)
+    return MAGIC + zlib.compress(header + b"".join(data), level)
 
 
 def _floats(values: list[float]) -> tuple[array[Any], int]:
@@ -143,7 +168,7 @@ def _values(kind: int, raw: memoryview) -> list[float]:
     return [unit / scale for unit in units]
 
 
-def encode_plain(raw: bytes, level: int = 6) -> bytes:
+def encode_plain(raw: bytes, level: int = LEVEL) -> bytes:
     """JSON bytes deflated, with no columns (what `decode` reads as well)."""
     header = _HEADER.pack(len(raw), 2, 0, 0, 0, 0, 4)
     return MAGIC + zlib.compress(header + raw + b"[]", level)
