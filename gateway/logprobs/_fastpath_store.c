@@ -255,13 +255,21 @@ typedef struct {
     Py_ssize_t data_capacity;
 } Table;
 
+/* Eight bytes at a time (a byte at a time was a fifth of the scan); the last shift brings the high bits,
+ * where a product mixes, down to the slot bits. */
 static inline uint64_t
 hash_span(uint64_t hash, Cursor p, Py_ssize_t n)
 {
-    for (Py_ssize_t i = 0; i < n; i++) {
-        hash = (hash ^ p[i]) * 0x100000001b3ULL; /* FNV-1a */
+    uint64_t word;
+    for (; n >= 8; p += 8, n -= 8) {
+        memcpy(&word, p, 8);
+        hash = (hash ^ word) * 0x9e3779b97f4a7c15ULL;
+        hash ^= hash >> 29;
     }
-    return hash;
+    word = (uint64_t)n << 56;
+    memcpy(&word, p, (size_t)n); /* the low n bytes (little-endian; on others merely another hash) */
+    hash = (hash ^ word) * 0x9e3779b97f4a7c15ULL;
+    return hash ^ (hash >> 32);
 }
 
 static int
@@ -343,7 +351,7 @@ table_index(Table *table, const Item *item)
     if (2 * (table->keys.count + 1) > table->mask + 1 && table_grow(table) < 0) {
         return -1;
     }
-    uint64_t hash = hash_span(hash_span(0xcbf29ce484222325ULL, item->token, item->token_length), item->bytes,
+    uint64_t hash = hash_span(hash_span(0, item->token, item->token_length), item->bytes,
                               item->bytes_length);
     Py_ssize_t slot = (Py_ssize_t)(hash & (uint64_t)table->mask);
     for (; table->slots[slot] != 0; slot = (slot + 1) & table->mask) {
