@@ -52,7 +52,8 @@ _LIST = re.compile(rb'(?<=[{,])"logprobs":\[(' + _ENTRY + rb"(?:," + _ENTRY + rb
 # Each entry and each alternative, in order; the 4th group is set for an entry (its alternatives follow).
 _ITEM = re.compile(rb'\{"token":(' + _STR + rb'),"logprob":(' + _NUM + rb'),"bytes":\[([\d,]*)\](,"top)?')
 _INT_LOGPROBS = re.compile(rb'"logprobs":-?\d')  # would read back as a stripped list: then nothing is stripped
-_compiled_columns = fastpath.store_columns if fastpath is not None else None
+# (getattr: an extension built before the scanner existed, e.g. a tree rebased but not rebuilt, runs the twin)
+_compiled_columns = getattr(fastpath, "store_columns", None)
 
 
 class _Columns:
