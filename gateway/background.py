@@ -8,11 +8,13 @@ nothing for the run. The final Response is saved with the whole log (a JSON arra
 follower sees the terminal event, so polling, replay and `previous_response_id` all work at once.
 
 What holds where: the run and its live log live in the gateway process that started it. The store
-(shared Redis, or one SQLite file on one host) has the `queued` Response from the start and the final
-Response with its events at the end, so any replica over that store can poll it and replay a finished
-one; following live events and cancelling work only on the process running it (elsewhere cancel
-answers 409). A process killed mid-run leaves the stored Response `queued`; a graceful shutdown
-fails the runs it stops and saves them so.
+(shared Redis, or one SQLite file on one host) has the `queued` Response from the start, the
+`in_progress` one once the upstream answers, and the final Response with its events at the end, so
+any replica over that store can poll it and replay a finished one. Following live events and
+cancelling work only on the process running it: elsewhere cancel answers 409, and a stream of it
+waits for the stored events and then replays them (stored_routes.retrieve_response). A process
+killed mid-run leaves the stored Response `queued` or `in_progress`; a graceful shutdown fails the
+runs it stops and saves them so.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class EventLog:
         self.final: dict[str, Any] | None = None
         self._save = save
         self._wake = asyncio.Event()
+        # Saves the `in_progress` Response once the upstream answered, for other processes' polls.
+        self.on_begin: Callable[[], Awaitable[None]] | None = None
 
     def _publish(self, frames: list[bytes]) -> None:
         self.events += frames
@@ -65,6 +69,8 @@ class EventLog:
     async def begin(self, items: list[dict[str, Any]]) -> None:
         self.begun = True
         self._publish(_frames(items))
+        if self.on_begin is not None:
+            await self.on_begin()
 
     async def send(self, items: list[dict[str, Any]]) -> None:
         self._publish(_frames(items))
@@ -132,6 +138,9 @@ class BackgroundRuns:
     """The runs this process is executing, by scoped id; at most `limit` at once."""
 
     limit: int
+    # How long a stream of a run on another process waits for its stored events: a run longer than its
+    # upstream's `total` timeout has died with its process.
+    elsewhere_wait_seconds: float = 630.0
     runs: dict[str, BackgroundRun] = field(default_factory=dict)
 
     def get(self, key: str) -> BackgroundRun | None:
@@ -150,6 +159,7 @@ class BackgroundRuns:
               save: Save) -> BackgroundRun:
         self.admit()
         run = BackgroundRun(key, stream, EventLog(save))
+        run.log.on_begin = lambda: save(stream.snapshot("in_progress"), None)
         self.runs[key] = run
         run.task = asyncio.create_task(self._run(run, serve, save), name=f"background {stream.response_id}")
         return run

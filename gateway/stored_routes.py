@@ -15,6 +15,8 @@ unless `include[]` asks again.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -279,11 +281,60 @@ async def retrieve_response(request: web.Request) -> web.StreamResponse:
     if response is None:
         raise _not_found(response_id)
     if stream:
+        after = _starting_after(request)
+        if events is None and response.get("background") and response.get("status") in ACTIVE_STATUSES:
+            # Running on another process (another worker or replica): its live events are there, so wait
+            # for the stored ones, then replay them; a stream late, but whole.
+            return await follow_events(request, _awaited_frames(request, store, response_id, after))
         if events is None:
             raise GatewayError(400, "Only responses created with background=true can be streamed back.",
                                param="stream", code="invalid_value")
-        return await follow_events(request, _stored_frames(events, _starting_after(request)))
+        return await follow_events(request, _stored_frames(events, after))
     return _as_shown(request, response)
+
+
+# How a stream of a background response running elsewhere waits for its stored events.
+_AWAIT_POLL_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0)  # then every second
+_KEEPALIVE_SECONDS = 15.0  # an SSE comment this often while waiting, for proxies that close idle streams
+
+
+async def _awaited_frames(request: web.Request, store: ScopedStore, response_id: str, after: int
+                          ) -> AsyncIterator[bytes]:
+    """The stored events once the run on another process has saved them (polled; the client leaving
+    stops only this). A run that stays active past the longest upstream `total` timeout (its process
+    died, leaving it `queued` or `in_progress`) ends the stream with an `error` event, as does a store
+    that fails a read meanwhile."""
+    limit = request.app[BACKGROUND_KEY].elsewhere_wait_seconds
+    loop = asyncio.get_running_loop()
+    started = last_sent = loop.time()
+    for attempt in itertools.count():
+        await asyncio.sleep(_AWAIT_POLL_SECONDS[min(attempt, len(_AWAIT_POLL_SECONDS) - 1)])
+        try:
+            with _store_errors():
+                response = await store.get(response_id)
+                events = await store.events(response_id) if response is not None else None
+        except GatewayError as exc:  # the stream has begun: the error goes in it
+            yield _error_frame(exc.message, after)
+            return
+        if events is not None:
+            async for frame in _stored_frames(events, after):
+                yield frame
+            return
+        now = loop.time()
+        if response is None or response.get("status") not in ACTIVE_STATUSES or now - started > limit:
+            message = (f"Response '{response_id}' did not finish on the gateway process running it within "
+                       f"{limit:.0f} s." if response is not None and response.get("status") in ACTIVE_STATUSES
+                       else f"Response '{response_id}' ended without stored events.")
+            yield _error_frame(message, after)
+            return
+        if now - last_sent >= _KEEPALIVE_SECONDS:
+            last_sent = now
+            yield b": waiting for the gateway process running this response\n\n"
+
+
+def _error_frame(message: str, after: int) -> bytes:
+    return sse_frames([{"type": "error", "code": "server_error", "message": message, "param": None,
+                        "sequence_number": max(after + 1, 0)}])
 
 
 async def delete_response(request: web.Request) -> web.Response:
@@ -357,7 +408,8 @@ def add_stored_routes(app: web.Application, config: Config, *, per_key: bool = F
     responses are its own."""
     holder = StoreHolder(open_store(config, counters), per_key)
     app[STORE_KEY] = holder
-    runs = app[BACKGROUND_KEY] = BackgroundRuns(config.limits.background_responses)
+    longest = max((upstream.timeouts.total for upstream in config.upstreams.values()), default=600.0)
+    runs = app[BACKGROUND_KEY] = BackgroundRuns(config.limits.background_responses, longest + 30.0)
     app.router.add_get("/v1/responses/{response_id}", retrieve_response)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app.router.add_post("/v1/responses/{response_id}/cancel", cancel_response)

@@ -185,6 +185,33 @@ async def test_another_gateway_over_the_same_store_polls_and_replays_a_finished_
     assert events[0].sequence_number == 4 and events[-1].response.output_text == final.output_text
 
 
+async def test_another_gateway_streams_a_live_one_once_it_is_stored_and_polls_it_in_progress(aiohttp_server, vocab,
+                                                                                             tmp_path):
+    """Workers and replicas over one store: the process running the response has its live events; another
+    one's stream waits for the stored events and replays them whole (not a 400), and its polls say
+    `in_progress` once the upstream answered (not `queued` until the end)."""
+    store = {"backend": "sqlite", "path": str(tmp_path / "shared.sqlite3")}
+    first = await start_stack(aiohttp_server, vocab, store=store, step_delay_ms=20)  # ~1.2 s for 60 tokens
+    second = await start_stack(aiohttp_server, vocab, store=store,
+                               upstream_url=str(first.simulator.make_url("")).rstrip("/"))
+    created = await first.client.responses.create(model=first.model, input="hi", background=True, **LONG)
+    assert (await second.client.responses.retrieve(created.id)).status in ("queued", "in_progress")
+    stream = asyncio.create_task(_events(await second.client.responses.retrieve(created.id, stream=True,
+                                                                                 starting_after=1)))
+    statuses = []
+    for _ in range(200):
+        statuses.append((await second.client.responses.retrieve(created.id)).status)
+        if statuses[-1] not in ("queued", "in_progress"):
+            break
+        await asyncio.sleep(0.02)
+    assert "in_progress" in statuses and statuses[-1] == "incomplete", statuses  # max_output_tokens
+    events = await asyncio.wait_for(stream, 30)
+    final = await _poll(first, created.id)
+    assert [e.sequence_number for e in events] == list(range(2, events[-1].sequence_number + 1))
+    assert events[-1].type == "response.incomplete" and events[-1].response.output_text == final.output_text
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == final.output_text
+
+
 NODE_RETRIEVE_STREAM = """
 import OpenAI from "openai";
 const client = new OpenAI({ baseURL: process.env.GATEWAY_BASE_URL, apiKey: "test-key", maxRetries: 0 });
