@@ -384,7 +384,8 @@ def _replica_fault(state: GatewayState, route: Route, replica: Replica, kind: st
         log.warning(orjson.dumps({"event": "timeout_excused", "upstream": route.upstream_name, "replica": replica.url,
                                   "kind": kind, "budget_s": budget, "loop_stalled_s": stalled}).decode())
         return
-    route.replicas.failed(replica, kind)
+    if route.replicas.failed(replica, kind):
+        state.metrics.ejections.labels(route.upstream_name, replica.url, kind).inc()
 
 
 def _upstream_headers(request: web.Request, route: Route, config: Config) -> dict[str, str]:

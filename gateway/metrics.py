@@ -57,6 +57,8 @@ class Metrics:
                                           ["upstream", "replica"], buckets=_LATENCY_BUCKETS, registry=r)
         self.upstream_errors = Counter("gateway_upstream_errors", "Upstream faults by replica and kind",
                                        ["upstream", "replica", "kind"], registry=r)
+        self.ejections = Counter("gateway_replica_ejections", "Replicas ejected by outlier detection, by the "
+                                 "fault that ejected them", ["upstream", "replica", "kind"], registry=r)
         self.in_flight = Gauge("gateway_in_flight_requests", "Requests being served", ["route"], registry=r,
                                multiprocess_mode="livesum")
         labels = ["model", "upstream"]

@@ -98,22 +98,22 @@ class ReplicaSet:
             return any(r.probe_ok is True for r in self.replicas)
         return any(r.probe_ok is not False for r in self.replicas)
 
-    def failed(self, replica: Replica, reason: str) -> None:
+    def failed(self, replica: Replica, reason: str) -> bool:
         """A gateway-side fault of `replica`: the `eject_after`-th in a row ejects it, unless it is
-        the last healthy one (or ejecting it would pass `max_ejection_percent`)."""
+        the last healthy one (or ejecting it would pass `max_ejection_percent`). True if it ejected it."""
         now = self._clock()
         replica.failures += 1
         replica.last_failure_at = now
         outlier = self.outlier
         if replica.failures < outlier.eject_after or now < replica.ejected_until:
-            return
+            return False
         others_healthy = any(r.healthy(now) for r in self.replicas if r is not replica)
         ejected = sum(1 for r in self.replicas if now < r.ejected_until)
         allowed = max(1, math.floor(len(self.replicas) * outlier.max_ejection_percent / 100))
         if not others_healthy or ejected + 1 > allowed:
             self._log("replica_ejection_skipped", replica, reason=reason, consecutive_failures=replica.failures,
                       why="last healthy replica" if not others_healthy else "max_ejection_percent")
-            return
+            return False
         replica.ejections += 1
         seconds = min(outlier.cooldown * replica.ejections, outlier.max_cooldown)
         replica.ejected_until = now + seconds
@@ -121,6 +121,7 @@ class ReplicaSet:
         self._log("replica_ejected", replica, reason=reason, consecutive_failures=replica.failures,
                   ejected_for_s=round(seconds, 3), ejections=replica.ejections)
         replica.failures = 0  # counted afresh once it returns
+        return True
 
     def succeeded(self, replica: Replica) -> None:
         """It answered (a result, or its own verdict on the request): the fault counts reset."""

@@ -78,6 +78,10 @@ async def test_a_sick_replica_is_retried_elsewhere_and_five_faults_in_a_row_ejec
     ejected = [json.loads(r.message) for r in caplog.records if '"replica_ejected"' in r.message]
     assert [(e["replica"], e["reason"], e["consecutive_failures"], e["ejected_for_s"]) for e in ejected] == [
         (bad_url, kind, 5, 10.0)]
+    async with aiohttp.ClientSession() as session, session.get(str(gateway.make_url("/metrics"))) as reply:
+        scraped = await reply.text()
+    ejections = [line for line in scraped.splitlines() if line.startswith("gateway_replica_ejections_total{")]
+    assert ejections == [f'gateway_replica_ejections_total{{kind="{kind}",replica="{bad_url}",upstream="sim"}} 1.0']
     # Ejected, it is no longer tried while the other replica is healthy.
     status, _, _ = await _post(str(gateway.make_url("/v1/responses")), BODY)
     assert status == 200 and state.metrics.upstream_errors.labels("sim", bad_url, kind)._value.get() == 5
