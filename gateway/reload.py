@@ -19,6 +19,7 @@ from gateway.app import STATE, start_probes, stop_probes
 from gateway.config import Config, load_config
 from gateway.logprobs.vocab import forget_loaded_vocabularies
 from gateway.memory import release_free_memory
+from gateway.middleware import ACCESS_FIELDS
 from gateway.replicas import ReplicaSet
 from gateway.routing import TokenizerLoaded, build_routes
 
@@ -81,5 +82,6 @@ async def reload_config(app: web.Application, path: Path, on_tokenizer: Tokenize
     logging.getLogger("responses_gateway").setLevel(applied.logging.level.upper())
     release_free_memory()  # the old routes' tables go once their last requests end
     log.info(json.dumps({"event": "reloaded", "config": str(path), "models": len(applied.models),
-                         "in_flight_on_the_old": state.in_flight, "kept_until_restart": needs_restart}))
+                         "in_flight_on_the_old": state.in_flight, "kept_until_restart": needs_restart,
+                         **ACCESS_FIELDS}))  # which worker, with --workers N
     return applied

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import logging
 import os
 import signal
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from gateway.app import STATE
+from gateway.middleware import ACCESS_FIELDS
 from gateway.reload import Reloader
 
 log = logging.getLogger("responses_gateway")
@@ -93,9 +95,11 @@ async def serve(app: web.Application, host: str, port: int, reloader: Reloader |
     state.draining = True
     grace_seconds = state.config.shutdown.grace_seconds  # as reloaded
     deadline = time.monotonic() + grace_seconds
-    log.info('{"event":"draining","in_flight":%d,"grace_seconds":%s}', state.in_flight, grace_seconds)
+    # (ACCESS_FIELDS: which worker, in a `--workers N` process; nothing otherwise)
+    log.info(json.dumps({"event": "draining", "in_flight": state.in_flight, "grace_seconds": grace_seconds,
+                         **ACCESS_FIELDS}))
     while state.in_flight > 0 and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     if state.in_flight:
-        log.info('{"event":"grace_expired","cancelled":%d}', state.in_flight)
+        log.info(json.dumps({"event": "grace_expired", "cancelled": state.in_flight, **ACCESS_FIELDS}))
     await runner.cleanup()

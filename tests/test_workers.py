@@ -186,7 +186,7 @@ async def test_sigterm_drains_every_worker_and_an_in_flight_stream_finishes(aioh
                 rest = (await stream.read()).decode()
         assert '"type":"response.incomplete"' in rest and '"output_tokens":60' in rest  # ran to max_output_tokens
         assert await asyncio.wait_for(gateway.process.wait(), 60) == 0
-        assert len(gateway.events("draining")) == 2  # each worker drained
+        assert sorted(r["worker"] for r in gateway.events("draining")) == [0, 1]  # each worker drained, named
         assert [r["in_flight"] for r in gateway.events("draining")].count(1) == 1
     finally:
         await gateway.close()
@@ -291,6 +291,8 @@ async def test_sighup_reaches_every_worker_and_a_restarted_worker_reloads_before
         os.kill(first, signal.SIGKILL)  # its replacement is forked from the supervisor's original config
         replacement = (await gateway.ready_workers(3))[2]
         assert len(gateway.events("reloaded")) == 3  # it reloaded before it listened
+        assert [r["pid"] for r in gateway.events("reloaded")][2] == replacement  # each line names its worker
+        assert {r["worker"] for r in gateway.events("reloaded")} == {0, 1}
         async with fresh_session() as session:
             seen: set[int] = set()
             for attempt in range(60):
