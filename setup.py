@@ -10,5 +10,5 @@ from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("gateway.logprobs._fastpath",
                              ["gateway/logprobs/_fastpath.c", "gateway/logprobs/_fastpath_json.c",
-                              "gateway/logprobs/_fastpath_store.c"],
+                              "gateway/logprobs/_fastpath_store.c", "gateway/logprobs/_fastpath_body.c"],
                              depends=["gateway/logprobs/_fastpath.h"], optional=True)])

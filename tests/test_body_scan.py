@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from gateway.canonical.step import UpstreamFormatError
 from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.body_scan import load_chat_body
-from gateway.logprobs.compiled import fastpath
+from gateway.logprobs.compiled import TokenBatch, fastpath
 from gateway.logprobs.parse import ParseOptions, id_table
-from gateway.logprobs.tokens import IdTokens, Origin
+from gateway.logprobs.tokens import Origin
 from gateway.upstreams.openai_compatible import chat_step, completions_step
 from tests.test_fastpath import FLAGS, TABLE, VOCAB, _fields
 from tests.test_parse_fast_paths import chat_contents, completions_payloads
@@ -218,7 +218,7 @@ def test_the_loader_gives_the_steps_orjson_gives():
         # Spelled by the tokens; a length cap's U+FFFD for a cut character; text the tokens do not spell.
         for body_content, body_text in ((content, text), (cut, text + "\ufffd"), (content, text + "!")):
             raw = orjson.dumps(_body(body_content, text=body_text, stream=stream))
-            assert type(load_chat_body(raw, OPTIONS)["choices"][0]["logprobs"]["content"]) is IdTokens
+            assert type(load_chat_body(raw, OPTIONS)["choices"][0]["logprobs"]["content"]) is TokenBatch
             scanned, ordinary = _steps(raw, stream)
             assert scanned == ordinary
 

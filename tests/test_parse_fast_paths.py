@@ -197,7 +197,7 @@ def _assert_exact_tokens_settle_as_the_general_reader(vocab, data):
     body = orjson.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                                       "logprobs": {"content": content}, "finish_reason": "length"}]})
     from_list = _outcome(lambda: parse_chat(content, options, text))
-    # The compiled scanner's IdTokens (when it is built and takes the body), as the server reads a body.
+    # The compiled reader's TokenBatch (when it is built and takes the body), as the server reads a body.
     scanned = load_chat_body(body, options)["choices"][0]["logprobs"]["content"]
     from_scanner = _outcome(lambda: parse_chat(scanned, options, text))
     with pytest.MonkeyPatch.context() as patch:

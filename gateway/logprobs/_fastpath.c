@@ -500,7 +500,6 @@ render_entries(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * Floats are formatted by orjson itself, in one call for the whole batch: shortest round-trip text,
  * the same as every other number the gateway writes, and ~25x faster than repr(). */
 
-#define ENTRY_OVERHEAD 64 /* the keys, quotes, brackets and commas of one entry */
 
 static const char hex_digits[] = "0123456789abcdef";
 
@@ -557,8 +556,8 @@ fp_write_token_string(char *out, const unsigned char *s, Py_ssize_t n)
     return out;
 }
 
-static char *
-write_entry_head(char *out, PyObject *data, const char *number, Py_ssize_t number_length)
+char *
+fp_write_entry_head(char *out, PyObject *data, const char *number, Py_ssize_t number_length)
 {
     const unsigned char *raw = (const unsigned char *)PyBytes_AS_STRING(data);
     Py_ssize_t length = PyBytes_GET_SIZE(data);
@@ -586,6 +585,99 @@ write_entry_head(char *out, PyObject *data, const char *number, Py_ssize_t numbe
     return out;
 }
 
+/* `numbers`, what dumps wrote for a list of `total` floats ("[a,b,c]") -> where each number starts, and
+ * starts[total] one past the last one's closing bracket (a float's text holds no comma); -1 with an error
+ * set when it is not that. */
+int
+fp_number_starts(PyObject *numbers, Py_ssize_t total, Py_ssize_t *starts)
+{
+    if (!PyBytes_CheckExact(numbers) || PyBytes_GET_SIZE(numbers) < 2) {
+        PyErr_SetString(PyExc_TypeError, "dumps must return the JSON bytes of a list");
+        return -1;
+    }
+    const char *text = PyBytes_AS_STRING(numbers);
+    Py_ssize_t text_length = PyBytes_GET_SIZE(numbers);
+    Py_ssize_t found = 0;
+    starts[found++] = 1;
+    for (Py_ssize_t i = 1; i < text_length - 1 && found <= total; i++) {
+        if (text[i] == ',') {
+            starts[found++] = i + 1;
+        }
+    }
+    if ((total > 0 && found != total) || (total == 0 && text_length != 2)) {
+        PyErr_SetString(PyExc_ValueError, "dumps wrote an unexpected list of numbers");
+        return -1;
+    }
+    starts[total] = text_length;
+    return 0;
+}
+
+/* Pass 2 of the JSON renderers: the array of entries written into *result (sized for it), which is then cut
+ * to its length (NULL if that fails). kept[t]: token t's alternatives (-1: token t is not written); data: the
+ * bytes of each written entry in order, numbers + starts[i]: its logprob's text (fp_number_starts). */
+void
+fp_write_entries(PyObject **result, Py_ssize_t count, const Py_ssize_t *kept, PyObject *const *data,
+                 const char *numbers, const Py_ssize_t *starts)
+{
+    char *out = PyBytes_AS_STRING(*result);
+    *out++ = '[';
+    Py_ssize_t position = 0, written = 0;
+    for (Py_ssize_t t = 0; t < count; t++) {
+        if (kept[t] < 0) {
+            continue;
+        }
+        if (written++ > 0) {
+            *out++ = ',';
+        }
+        for (Py_ssize_t i = -1; i < kept[t]; i++, position++) {
+            Py_ssize_t number_length = starts[position + 1] - starts[position] - 1;
+            if (i > 0) {
+                *out++ = ',';
+            }
+            out = fp_write_entry_head(out, data[position], numbers + starts[position], number_length);
+            if (i < 0) {
+                memcpy(out, ",\"top_logprobs\":[", 17);
+                out += 17;
+            }
+            else {
+                *out++ = '}';
+            }
+        }
+        memcpy(out, "]}", 2);
+        out += 2;
+    }
+    *out++ = ']';
+    _PyBytes_Resize(result, out - PyBytes_AS_STRING(*result));
+}
+
+/* The JSON array of entries: `floats` (each written entry's logprob, in order; `total` of them) formatted
+ * by `dumps` in one call, then written with `data` (each entry's bytes) as fp_write_entries does, into bytes
+ * of at most `bound` + the numbers' length. A new reference, or NULL with an error set. */
+PyObject *
+fp_entries_json(Py_ssize_t count, const Py_ssize_t *kept, PyObject *const *data, Py_ssize_t total, PyObject *floats,
+                PyObject *dumps, Py_ssize_t bound)
+{
+    PyObject *result = NULL, *numbers = PyObject_CallOneArg(dumps, floats);
+    Py_ssize_t *starts = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
+    if (numbers == NULL || starts == NULL) {
+        if (starts == NULL) {
+            PyErr_NoMemory();
+        }
+        goto done;
+    }
+    if (fp_number_starts(numbers, total, starts) < 0) {
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, bound + PyBytes_GET_SIZE(numbers));
+    if (result != NULL) {
+        fp_write_entries(&result, count, kept, data, PyBytes_AS_STRING(numbers), starts);
+    }
+done:
+    PyMem_Free(starts);
+    Py_XDECREF(numbers);
+    return result;
+}
+
 /* render.render_responses_json: bytes of the JSON array of entries, or None when any token is not the
  * plain shape (Python then renders the list and orjson serializes it). */
 static PyObject *
@@ -605,8 +697,7 @@ render_entries_json(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     /* Pass 1: check every token, fix each one's alternatives, collect the floats in writing order. */
     PyObject **records = PyMem_Malloc(sizeof(PyObject *) * (size_t)(count * per_token + 1));
     Py_ssize_t *kept = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(count + 1));
-    PyObject *floats = PyList_New(0), *numbers = NULL, *result = NULL;
-    Py_ssize_t *number_starts = NULL;
+    PyObject *floats = PyList_New(0), *result = NULL;
     if (records == NULL || kept == NULL || floats == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -623,82 +714,18 @@ render_entries_json(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         kept[t] = alternatives;
         for (Py_ssize_t i = -1; i < alternatives; i++) {
             PyObject *item = i < 0 ? record : order[i];
-            records[total++] = item;
-            bound += ENTRY_OVERHEAD + 10 * PyBytes_GET_SIZE(PyTuple_GET_ITEM(item, 0));
+            records[total++] = PyTuple_GET_ITEM(item, 0);
+            bound += FP_ENTRY_OVERHEAD + 10 * PyBytes_GET_SIZE(PyTuple_GET_ITEM(item, 0));
             if (PyList_Append(floats, PyTuple_GET_ITEM(item, 1)) < 0) {
                 goto done;
             }
         }
     }
-    numbers = PyObject_CallOneArg(dumps, floats);
-    if (numbers == NULL) {
-        goto done;
-    }
-    if (!PyBytes_CheckExact(numbers) || PyBytes_GET_SIZE(numbers) < 2) {
-        PyErr_SetString(PyExc_TypeError, "dumps must return the JSON bytes of a list");
-        goto done;
-    }
-    /* "[a,b,c]": the start of each number; a float's text holds no comma. */
-    const char *text = PyBytes_AS_STRING(numbers);
-    Py_ssize_t text_length = PyBytes_GET_SIZE(numbers);
-    number_starts = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(total + 1));
-    if (number_starts == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    Py_ssize_t found = 0;
-    number_starts[found++] = 1;
-    for (Py_ssize_t i = 1; i < text_length - 1 && found <= total; i++) {
-        if (text[i] == ',') {
-            number_starts[found++] = i + 1;
-        }
-    }
-    if ((total > 0 && found != total) || (total == 0 && text_length != 2)) {
-        PyErr_SetString(PyExc_ValueError, "dumps wrote an unexpected list of numbers");
-        goto done;
-    }
-    number_starts[total] = text_length; /* one past the last number's closing bracket */
-    result = PyBytes_FromStringAndSize(NULL, bound + text_length);
-    if (result == NULL) {
-        goto done;
-    }
-    /* Pass 2: write. */
-    char *out = PyBytes_AS_STRING(result);
-    *out++ = '[';
-    Py_ssize_t position = 0;
-    for (Py_ssize_t t = 0; t < count; t++) {
-        if (t > 0) {
-            *out++ = ',';
-        }
-        for (Py_ssize_t i = -1; i < kept[t]; i++, position++) {
-            PyObject *item = records[position];
-            const char *number = text + number_starts[position];
-            Py_ssize_t number_length = number_starts[position + 1] - number_starts[position] - 1;
-            if (i >= 0 && i > 0) {
-                *out++ = ',';
-            }
-            out = write_entry_head(out, PyTuple_GET_ITEM(item, 0), number, number_length);
-            if (i < 0) {
-                memcpy(out, ",\"top_logprobs\":[", 17);
-                out += 17;
-            }
-            else {
-                *out++ = '}';
-            }
-        }
-        memcpy(out, "]}", 2);
-        out += 2;
-    }
-    *out++ = ']';
-    if (_PyBytes_Resize(&result, out - PyBytes_AS_STRING(result)) < 0) {
-        result = NULL;
-    }
+    result = fp_entries_json(count, kept, records, total, floats, dumps, bound);
 done:
     PyMem_Free(records);
     PyMem_Free(kept);
-    PyMem_Free(number_starts);
     Py_XDECREF(floats);
-    Py_XDECREF(numbers);
     return result;
 }
 
@@ -740,6 +767,8 @@ static PyMethodDef methods[] = {
      "render_entries_json(tokens, k, dumps) -> bytes | None"},
     {"store_columns", (PyCFunction)(void (*)(void))fp_store_columns, METH_FASTCALL,
      "store_columns(raw) -> (skeleton, table, list_lengths, counts, indices, floats, kind) | None"},
+    {"split_body", (PyCFunction)(void (*)(void))fp_split_body, METH_FASTCALL,
+     "split_body(raw, completions, table, special_flags) -> (body, TokenBatch) | None"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -759,5 +788,9 @@ PyInit__fastpath(void)
     if (!key_token || !key_logprob || !key_bytes || !key_top_logprobs || !key_id || !key_special) {
         return NULL;
     }
-    return PyModule_Create(&module_definition);
+    PyObject *module = PyModule_Create(&module_definition);
+    if (module != NULL && fp_body_init(module) < 0) {
+        Py_CLEAR(module);
+    }
+    return module;
 }

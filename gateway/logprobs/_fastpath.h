@@ -72,9 +72,26 @@ int fp_check_ready(PyObject *table, PyObject *flags);
 Py_ssize_t fp_placeholder_text(const char *text, Py_ssize_t length, PyObject *table);
 char *fp_write_token_string(char *out, const unsigned char *s, Py_ssize_t n); /* writes at most 5n + 2 */
 
+#define FP_ENTRY_OVERHEAD 64 /* the keys, quotes, brackets and commas of one rendered entry */
+/* The head of one rendered entry ({"token":..,"logprob":..,"bytes":[..]), and the numbers dumps wrote. */
+char *fp_write_entry_head(char *out, PyObject *data, const char *number, Py_ssize_t number_length);
+int fp_number_starts(PyObject *numbers, Py_ssize_t total, Py_ssize_t *starts);
+void fp_write_entries(PyObject **result, Py_ssize_t count, const Py_ssize_t *kept, PyObject *const *data,
+                      const char *numbers, const Py_ssize_t *starts);
+PyObject *fp_entries_json(Py_ssize_t count, const Py_ssize_t *kept, PyObject *const *data, Py_ssize_t total,
+                          PyObject *floats, PyObject *dumps, Py_ssize_t bound);
+
 /* _fastpath_json.c */
 PyObject *fp_split_chat_logprobs(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fp_read_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fp_split_body(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
+/* _fastpath_body.c: the TokenBatch a whole body's tokens are read into (-1: an error is set). */
+PyObject *fp_batch_new(PyObject *table);
+int fp_batch_alternative(PyObject *batch, Py_ssize_t id, double logprob);
+int fp_batch_token(PyObject *batch, Py_ssize_t id, double logprob, int special, int top_absent,
+                   Py_ssize_t alternatives_end); /* alternatives_end -1: the alternatives added so far */
+int fp_body_init(PyObject *module);
 
 /* _fastpath_store.c */
 PyObject *fp_store_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

@@ -366,10 +366,12 @@ array_of(Reader *r, ArrayItem item, void *context)
     return list;
 }
 
-/* The vocabulary a record reader needs; `special_flags` NULL for alternatives (candidates). */
+/* The vocabulary a record reader needs; `special_flags` NULL for alternatives (candidates). With `batch`
+ * (a TokenBatch, _fastpath_body.c) records are appended to it instead of built (each read gives None). */
 typedef struct {
     PyObject *table;
     const char *special_flags;
+    PyObject *batch;
 } Tables;
 
 static PyObject *strict_record(Reader *r, void *context);
@@ -428,7 +430,7 @@ strict_record(Reader *r, void *context)
                 continue;
             }
             if (entry && is_name(name, name_length, "top_logprobs")) {
-                Tables alternatives = {table, NULL};
+                Tables alternatives = {table, NULL, tables->batch};
                 if (!first_time_bit(&seen, SEEN_TOP)) {
                     goto done;
                 }
@@ -460,6 +462,13 @@ strict_record(Reader *r, void *context)
         || (listed != NULL && PyList_GET_SIZE(listed) > MAX_CANDIDATES)) {
         goto done;
     }
+    if (tables->batch != NULL) {
+        int added = entry ? fp_batch_token(tables->batch, id, PyFloat_AS_DOUBLE(logprob),
+                                           special || tables->special_flags[id] != 0, 0, -1)
+                          : fp_batch_alternative(tables->batch, id, PyFloat_AS_DOUBLE(logprob));
+        result = added < 0 ? NULL : Py_NewRef(Py_None);
+        goto done;
+    }
     if (!entry) {
         result = fp_candidate(PyTuple_GET_ITEM(table, id), logprob, id);
         goto done;
@@ -479,11 +488,11 @@ done:
 /* `{"content": [entries]}` -> a list of Tokens and the span of the array; NULL when declined or on an error. */
 static PyObject *
 strict_logprobs(Reader *r, PyObject *table, const char *special_flags, Py_ssize_t *start, Py_ssize_t *end,
-                const char *base)
+                const char *base, PyObject *batch)
 {
     const char *name;
     Py_ssize_t name_length;
-    Tables entries = {table, special_flags};
+    Tables entries = {table, special_flags, batch};
     if (!take(r, '{') || !read_name(r, &name, &name_length) || !is_name(name, name_length, "content")) {
         return NULL;
     }
@@ -503,9 +512,14 @@ strict_logprobs(Reader *r, PyObject *table, const char *special_flags, Py_ssize_
 
 /* Walk `{..., "choices": [{..., "logprobs": <value>, ...}, ...], ...}` to the first choice's logprobs
  * and read it. NULL when declined or on an error; the value's span in *value_start, *value_end. */
+static PyObject *completions_logprobs(Reader *r, PyObject *table, const char *special_flags, PyObject *batch);
+
+/* (`completions`: the value is legacy completions logprobs, read by completions_logprobs; `batch`: records go
+ * there, see Tables.) */
 static PyObject *
 first_choice_logprobs(Reader *r, const char *base, PyObject *table, const char *special_flags,
-                      Py_ssize_t *value_start, Py_ssize_t *value_end, Py_ssize_t *start, Py_ssize_t *end)
+                      Py_ssize_t *value_start, Py_ssize_t *value_end, Py_ssize_t *start, Py_ssize_t *end,
+                      int completions, PyObject *batch)
 {
     const char *name;
     Py_ssize_t name_length;
@@ -543,7 +557,8 @@ first_choice_logprobs(Reader *r, const char *base, PyObject *table, const char *
             }
             skip_space(r);
             *value_start = r->at - base;
-            tokens = strict_logprobs(r, table, special_flags, start, end, base);
+            tokens = completions ? completions_logprobs(r, table, special_flags, batch)
+                                 : strict_logprobs(r, table, special_flags, start, end, base, batch);
             if (tokens == NULL) {
                 return NULL;
             }
@@ -574,6 +589,22 @@ fail:
     return NULL;
 }
 
+/* `raw` with raw[value_start:value_end] replaced by `null` (a new reference). */
+static PyObject *
+without_value(PyObject *raw, Py_ssize_t value_start, Py_ssize_t value_end)
+{
+    const char *base = PyBytes_AS_STRING(raw);
+    Py_ssize_t tail = PyBytes_GET_SIZE(raw) - value_end;
+    PyObject *body = PyBytes_FromStringAndSize(NULL, value_start + 4 + tail);
+    if (body != NULL) {
+        char *out = PyBytes_AS_STRING(body);
+        memcpy(out, base, (size_t)value_start);
+        memcpy(out + value_start, "null", 4);
+        memcpy(out + value_start + 4, base + value_end, (size_t)tail);
+    }
+    return body;
+}
+
 PyObject *
 fp_split_chat_logprobs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -589,23 +620,18 @@ fp_split_chat_logprobs(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     Reader reader = {base, base + PyBytes_GET_SIZE(raw)};
     Py_ssize_t value_start = 0, value_end = 0, start = 0, end = 0;
     PyObject *tokens = first_choice_logprobs(&reader, base, table, PyBytes_AS_STRING(flags), &value_start, &value_end,
-                                             &start, &end);
+                                             &start, &end, 0, NULL);
     if (tokens == NULL) {
         if (PyErr_Occurred()) {
             return NULL;
         }
         Py_RETURN_NONE;
     }
-    Py_ssize_t size = PyBytes_GET_SIZE(raw), tail = size - value_end;
-    PyObject *body = PyBytes_FromStringAndSize(NULL, value_start + 4 + tail);
+    PyObject *body = without_value(raw, value_start, value_end);
     if (body == NULL) {
         Py_DECREF(tokens);
         return NULL;
     }
-    char *out = PyBytes_AS_STRING(body);
-    memcpy(out, base, (size_t)value_start);
-    memcpy(out + value_start, "null", 4);
-    memcpy(out + value_start + 4, base + value_end, (size_t)tail);
     return Py_BuildValue("(NNnn)", body, tokens, start, end);
 }
 
@@ -827,10 +853,11 @@ each_member(Reader *r, MemberVisitor visit, void *state)
 }
 
 
-/* One position's `{"token_id:N": logprob, ...}` -> a tuple of Candidates in the object's order; NULL when
- * declined (a repeated id: orjson would keep one) or on an error. */
+/* One position's `{"token_id:N": logprob, ...}` -> a tuple of Candidates in the object's order (with a
+ * `batch`: appended to it, and their count as an int); NULL when declined (a repeated id: orjson would keep
+ * one) or on an error. */
 static PyObject *
-top_dict(Reader *r, PyObject *table)
+top_dict(Reader *r, PyObject *table, PyObject *batch)
 {
     PyObject *candidates[MAX_CANDIDATES];
     Py_ssize_t ids[MAX_CANDIDATES], count = 0;
@@ -856,6 +883,15 @@ top_dict(Reader *r, PyObject *table)
             if (logprob == NULL) {
                 goto done;
             }
+            if (batch != NULL) {
+                int added = fp_batch_alternative(batch, id, PyFloat_AS_DOUBLE(logprob));
+                Py_DECREF(logprob);
+                if (added < 0) {
+                    goto done;
+                }
+                ids[count++] = id;
+                continue;
+            }
             candidates[count] = fp_candidate(PyTuple_GET_ITEM(table, id), logprob, id);
             Py_DECREF(logprob);
             if (candidates[count] == NULL) {
@@ -867,6 +903,11 @@ top_dict(Reader *r, PyObject *table)
             goto done;
         }
     }
+    if (batch != NULL) {
+        result = PyLong_FromSsize_t(count);
+        count = 0; /* nothing of ours to release */
+        goto done;
+    }
     result = fp_untracked(PyTuple_New(count));
     if (result != NULL) {
         for (Py_ssize_t i = 0; i < count; i++) {
@@ -875,8 +916,10 @@ top_dict(Reader *r, PyObject *table)
         count = 0;
     }
 done:
-    for (Py_ssize_t i = 0; i < count; i++) {
-        Py_DECREF(candidates[i]);
+    if (batch == NULL) {
+        for (Py_ssize_t i = 0; i < count; i++) {
+            Py_DECREF(candidates[i]);
+        }
     }
     return result;
 }
@@ -919,17 +962,19 @@ logprob_or_null(Reader *r, void *context)
 }
 
 static PyObject *
-top_dict_or_null(Reader *r, void *table)
+top_dict_or_null(Reader *r, void *context)
 {
-    return strict_literal(r, "null") ? Py_NewRef(Py_None) : top_dict(r, table);
+    const Tables *tables = context;
+    return strict_literal(r, "null") ? Py_NewRef(Py_None) : top_dict(r, tables->table, tables->batch);
 }
 
 /* Completions logprobs `{"tokens": [...], "token_logprobs": [...], "top_logprobs": [{...}], "text_offset": [...]}`
  * -> Tokens, exactly what completions_from_ids makes of them (see parse._completions_from_ids); NULL
  * when declined (no error set) or on an error. */
 static PyObject *
-completions_logprobs(Reader *r, PyObject *table, const char *special_flags)
+completions_logprobs(Reader *r, PyObject *table, const char *special_flags, PyObject *batch)
 {
+    Tables tables = {table, NULL, batch};
     const char *name;
     Py_ssize_t name_length;
     /* ids: the tokens' ids; values: floats or None; tops: a tuple of candidates or None per position */
@@ -955,7 +1000,7 @@ completions_logprobs(Reader *r, PyObject *table, const char *special_flags)
             }
             else if (is_name(name, name_length, "top_logprobs")) {
                 if (!first_time_bit(&seen, 4)
-                    || (!strict_literal(r, "null") && (tops = array_of(r, top_dict_or_null, table)) == NULL)) {
+                    || (!strict_literal(r, "null") && (tops = array_of(r, top_dict_or_null, &tables)) == NULL)) {
                     goto done;
                 }
             }
@@ -970,6 +1015,24 @@ completions_logprobs(Reader *r, PyObject *table, const char *special_flags)
     /* Python reads a missing `tokens` or `token_logprobs` as empty, and refuses arrays of different lengths. */
     Py_ssize_t count = ids == NULL ? 0 : PyList_GET_SIZE(ids);
     if ((values == NULL ? 0 : PyList_GET_SIZE(values)) != count || (tops != NULL && PyList_GET_SIZE(tops) != count)) {
+        goto done;
+    }
+    if (batch != NULL) {
+        /* The batch holds every position's alternatives in order: each ends where its count says. */
+        Py_ssize_t alternatives_end = 0;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *value = PyList_GET_ITEM(values, i), *top = tops == NULL ? Py_None : PyList_GET_ITEM(tops, i);
+            Py_ssize_t id = PyLong_AsSsize_t(PyList_GET_ITEM(ids, i));
+            if (value == Py_None) {
+                goto done; /* an echoed prompt's first token: Python's */
+            }
+            alternatives_end += top == Py_None ? 0 : PyLong_AsSsize_t(top);
+            if (fp_batch_token(batch, id, PyFloat_AS_DOUBLE(value), special_flags[id] != 0, top == Py_None,
+                               alternatives_end) < 0) {
+                goto done;
+            }
+        }
+        tokens = Py_NewRef(batch);
         goto done;
     }
     tokens = PyList_New(count);
@@ -1051,8 +1114,8 @@ choice_member(Reader *r, const char *name, Py_ssize_t length, void *state)
             return 1;
         }
         Py_ssize_t start, end;
-        chunk->tokens = chunk->completions ? completions_logprobs(r, chunk->table, chunk->special_flags)
-                                           : strict_logprobs(r, chunk->table, chunk->special_flags, &start, &end, r->at);
+        chunk->tokens = chunk->completions ? completions_logprobs(r, chunk->table, chunk->special_flags, NULL)
+                                           : strict_logprobs(r, chunk->table, chunk->special_flags, &start, &end, r->at, NULL);
         return chunk->tokens != NULL ? 1 : failed();
     }
     if (is_name(name, length, "finish_reason")) {
@@ -1133,4 +1196,48 @@ fp_read_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XDECREF(chunk.tokens);
     Py_XDECREF(chunk.finish_reason);
     return result;
+}
+
+/* A whole chat (or with `completions`, legacy completions) body whose first choice's logprobs are plainly
+ * `token_id:N` -> (body, batch): `body` is `raw` with that logprobs value replaced by `null` (as in
+ * split_chat_logprobs), `batch` a TokenBatch of exactly the Tokens chat_from_ids (completions_from_ids)
+ * makes of that value read by orjson; None for any other body (Python reads it). */
+PyObject *
+fp_split_body(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "split_body(raw: bytes, completions: bool, table, special_flags)");
+        return NULL;
+    }
+    PyObject *raw = args[0], *table = args[2], *flags = args[3];
+    if (fp_check_ready(table, flags) < 0) {
+        return NULL;
+    }
+    int completions = PyObject_IsTrue(args[1]);
+    if (completions < 0) {
+        return NULL;
+    }
+    PyObject *batch = fp_batch_new(table);
+    if (batch == NULL) {
+        return NULL;
+    }
+    const char *base = PyBytes_AS_STRING(raw);
+    Reader reader = {base, base + PyBytes_GET_SIZE(raw)};
+    Py_ssize_t value_start = 0, value_end = 0, start = 0, end = 0;
+    PyObject *read = first_choice_logprobs(&reader, base, table, PyBytes_AS_STRING(flags), &value_start, &value_end,
+                                           &start, &end, completions, batch);
+    if (read == NULL) {
+        Py_DECREF(batch);
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    Py_DECREF(read);
+    PyObject *body = without_value(raw, value_start, value_end);
+    if (body == NULL) {
+        Py_DECREF(batch);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", body, batch);
 }

@@ -28,3 +28,11 @@ def _load() -> ModuleType | None:
 
 
 fastpath = _load()
+
+
+class _NoBatch:
+    """Stands for the compiled `TokenBatch` where it was not built: nothing is ever of this type."""
+
+
+# A body's tokens in flat arrays, as the compiled body reader gives them (see body_scan.py).
+TokenBatch: type = fastpath.TokenBatch if fastpath is not None else _NoBatch

@@ -19,7 +19,7 @@ from operator import attrgetter, not_
 from typing import Any
 
 from gateway.logprobs.align import Alignment, Piece, align
-from gateway.logprobs.compiled import fastpath
+from gateway.logprobs.compiled import TokenBatch, fastpath
 from gateway.logprobs.report import TranslationReport
 from gateway.logprobs.spellings import (
     REPLACEMENT_CHAR,
@@ -33,7 +33,6 @@ from gateway.logprobs.spellings import (
 from gateway.logprobs.tokens import (
     SENTINEL_LOGPROB,
     Candidate,
-    IdTokens,
     Origin,
     Token,
     normalize_logprob,
@@ -541,16 +540,13 @@ def _spells(tokens: list[Token], text: str) -> bool:
 
 
 def parse_chat(
-    content: Sequence[Mapping[str, Any]] | IdTokens | None, options: ParseOptions, text: str | None = None
+    content: Sequence[Mapping[str, Any]] | TokenBatch | None, options: ParseOptions,
+    text: str | None = None
 ) -> Parsed:
     """Chat `logprobs.content` entries `{token, logprob, bytes?, top_logprobs?}` (also llama.cpp's,
     whose entries add `id`) -> Tokens. `text` is the message text the tokens produced, if known."""
-    if type(content) is IdTokens:  # read from the body's JSON by the compiled scanner (body_scan.py)
-        report = TranslationReport()
-        if text is None or _spells(content.tokens, text):
-            report.from_ids += len(content.tokens)
-            return Parsed(content.tokens, report)
-        return _finish(_exact_entries(content.tokens), text, options, report)  # (the scanner takes no sentinels)
+    if type(content) is TokenBatch:  # read from the body's JSON by the compiled reader (body_scan.py)
+        return _parse_batch(content, options, text)
     if type(content) is list:
         report = TranslationReport()
         if options.vocab is not None:
@@ -566,6 +562,22 @@ def parse_chat(
                 report.from_ids = 0  # _finish counts them; the sentinels the id reader met stay counted
                 return _finish(_exact_entries(fast), text, options, report)
     return _parse_chat_entries(content, options, text)
+
+
+def _parse_batch(batch: TokenBatch, options: ParseOptions, text: str | None) -> Parsed:
+    """The compiled body reader's tokens (chat or completions). Kept as the batch when they spell a whole
+    answer's text exactly, as nearly every answer's do (the non-streamed Responses path then renders them
+    from the batch, no Token built; other readers iterate it into Tokens); otherwise made Tokens, and read
+    on as the id readers' are."""
+    report = TranslationReport()
+    if text is not None and batch.spells(text):
+        report.from_ids += len(batch)
+        return Parsed(batch, report)
+    tokens = batch.tokens()  # (a stream chunk's, say: its text does not bound its tokens)
+    if text is None or _spells(tokens, text):
+        report.from_ids += len(tokens)
+        return Parsed(tokens, report)
+    return _finish(_exact_entries(tokens), text, options, report)
 
 
 def _exact_entries(tokens: list[Token]) -> list[_Entry]:
@@ -635,6 +647,8 @@ def parse_completions(
     `text_offset` is ignored: it counts lossy strings and differs between servers; renderers
     recompute it. A null `token_logprobs[i]` (first echoed prompt token) stays None.
     """
+    if type(logprobs) is TokenBatch:  # read from the body's JSON by the compiled reader (body_scan.py)
+        return _parse_batch(logprobs, options, text)
     report = TranslationReport()
     token_strings = logprobs.get("tokens") or []
     values = logprobs.get("token_logprobs") or []

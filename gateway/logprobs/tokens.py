@@ -15,8 +15,6 @@ from enum import Enum
 from operator import attrgetter
 from typing import NamedTuple
 
-import orjson
-
 # OpenAI's documented "very unlikely" value; every other sentinel is mapped to it so that no
 # output ever carries NaN, Infinity or float32-lowest.
 SENTINEL_LOGPROB = -9999.0
@@ -144,17 +142,3 @@ def settle_alternatives(top: tuple[Candidate, ...], guess: bytes, logprob: float
         elif cand.origin is not Origin.AMBIGUOUS:
             out.append(cand)
     return tuple(out)
-
-
-class IdTokens:
-    """A chat body's `logprobs.content` that the compiled body scanner already read into Tokens
-    (see `body_scan.load_chat_body`), with where its JSON sits in the body: `entries()` reads it the
-    ordinary way when the Tokens cannot be used as they are (their bytes do not spell the text)."""
-
-    __slots__ = ("end", "raw", "start", "tokens")
-
-    def __init__(self, tokens: list[Token], raw: bytes, start: int, end: int) -> None:
-        self.tokens, self.raw, self.start, self.end = tokens, raw, start, end
-
-    def entries(self) -> list:
-        return orjson.loads(memoryview(self.raw)[self.start:self.end])

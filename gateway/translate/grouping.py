@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from itertools import compress
 from operator import attrgetter, not_
 
+from gateway.logprobs.compiled import TokenBatch
 from gateway.logprobs.realign import realign
 from gateway.logprobs.tokens import Origin, Token
 from gateway.logprobs.vocab import Vocab
@@ -82,11 +83,7 @@ class TextGrouper:
 
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[Group]:
         """One upstream step: its tokens (exact bytes where known) and the text it reported."""
-        if upstream_text:
-            if not self._upstream_chars:
-                self._upstream_head = upstream_text
-            self._upstream_chars += len(upstream_text)
-            self._upstream_tail = upstream_text[-1]
+        self._count_upstream(upstream_text)
         if type(tokens) is not list:
             tokens = list(tokens)
         if len(tokens) == 1:
@@ -136,6 +133,13 @@ class TextGrouper:
                 self._emit_final(groups, text, used)
         return groups
 
+    def _count_upstream(self, upstream_text: str) -> None:
+        if upstream_text:
+            if not self._upstream_chars:
+                self._upstream_head = upstream_text
+            self._upstream_chars += len(upstream_text)
+            self._upstream_tail = upstream_text[-1]
+
     def _emit_final(self, groups: list[Group], text: str, used: int) -> None:
         cut = _clean_cut(self._pending, self._pending_bytes, text, used)
         if cut is None:
@@ -149,7 +153,21 @@ class TextGrouper:
     def feed_all(self, tokens: Iterable[Token], upstream_text: str = "") -> list[Group]:
         """`feed` for a caller that only needs the groups' sum (a non-streamed Response, no delta
         events): one group for the whole step when its bytes are complete, valid UTF-8; otherwise `feed`.
-        The text and the tokens in order are what `feed`'s groups would hold, joined."""
+        The text and the tokens in order are what `feed`'s groups would hold, joined.
+
+        A `TokenBatch` (a whole body's tokens, read by the compiled reader) whose visible tokens spell the
+        text exactly is that one group as it is: the batch stands for its visible tokens (the caller renders
+        it whole, `_MessageLogprobs`); any other is made Tokens first."""
+        if type(tokens) is TokenBatch:
+            if self._pending or self._held or self._text_led or not tokens.spells(upstream_text):
+                tokens = tokens.tokens()
+            else:
+                # Exact bytes of the text: no leading space to drop, nothing left unfinished.
+                self._count_upstream(upstream_text)
+                visible = tokens.visible
+                self._first_token_seen = self._first_token_seen or bool(visible)
+                self._emitted_chars += len(upstream_text)
+                return [(upstream_text, tokens)] if visible else []
         if type(tokens) is not list:
             tokens = list(tokens)
         if self._pending or self._held or self._text_led or not tokens:
@@ -168,11 +186,7 @@ class TextGrouper:
             text = b"".join(map(_bytes_of, visible)).decode()
         except UnicodeDecodeError:  # an unfinished or broken character: the per-token path decides
             return self.feed(tokens, upstream_text)
-        if upstream_text:
-            if not self._upstream_chars:
-                self._upstream_head = upstream_text
-            self._upstream_chars += len(upstream_text)
-            self._upstream_tail = upstream_text[-1]
+        self._count_upstream(upstream_text)
         if visible:
             self._first_token_seen = True
         self._emitted_chars += len(text)

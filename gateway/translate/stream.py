@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from gateway.canonical.step import ToolCallDelta, UpstreamFormatError
+from gateway.logprobs.compiled import TokenBatch
 from gateway.logprobs.packed import PackedTokens
 from gateway.logprobs.render import render_responses, render_responses_json
 from gateway.logprobs.tokens import Token
@@ -95,7 +96,8 @@ class _MessageLogprobs:
     arrays, ~100 bytes a token at k=5 where the JSON is ~600) until the whole list is asked for, at
     the end, and rendered once, no entry dict built. A long stream so holds a few bytes per token,
     not its rendered logprobs. Without delta events (a non-streamed Response) the tokens wait as they
-    are and are rendered once, at the end.
+    are and are rendered once, at the end; a whole body's `TokenBatch` (see grouping.feed_all) is
+    rendered from its flat arrays, no Token built.
     """
 
     def __init__(self, k: int, serialized: bool) -> None:
@@ -104,6 +106,7 @@ class _MessageLogprobs:
         self._dicts: list[dict[str, Any]] = []
         self._packed = PackedTokens()  # the tokens of the deltas sent so far (serialized)
         self._waiting: list[Token] = []
+        self._batch: TokenBatch | None = None  # kept before any other token: stands for its visible tokens
         self._joined: orjson.Fragment | None = None
 
     def delta(self, tokens: list[Token]) -> Logprobs:
@@ -118,15 +121,30 @@ class _MessageLogprobs:
 
     def keep(self, tokens: list[Token]) -> None:
         """Tokens of text that gets no delta event: rendered with the rest when the list is asked for."""
-        self._waiting.extend(tokens)
         self._joined = None
+        if type(tokens) is TokenBatch:
+            if self._batch is None and not self._waiting and not len(self._packed):
+                self._batch = tokens
+                return
+            tokens = tokens.tokens(True)
+        self._unbatch()
+        self._waiting.extend(tokens)
+
+    def _unbatch(self) -> None:
+        if self._batch is not None:
+            self._waiting[:0] = self._batch.tokens(True)
+            self._batch = None
 
     def whole(self) -> Logprobs:
+        if self._batch is not None and (not self.serialized or len(self._packed)):
+            self._unbatch()
         if not self.serialized:
             if self._waiting:
                 self._dicts.extend(render_responses(self._waiting, self.k))
                 self._waiting = []
             return self._dicts
+        if self._joined is None and self._batch is not None:
+            self._joined = orjson.Fragment(self._batch.render_json(self.k, orjson.dumps))
         if self._joined is None:
             tokens = self._packed.tokens() if len(self._packed) else []
             self._joined = orjson.Fragment(render_responses_json(tokens + self._waiting, self.k))

@@ -17,8 +17,8 @@ from typing import Any
 from gateway.canonical.generation import Generation
 from gateway.canonical.step import Step, ToolCallDelta, UpstreamFormatError
 from gateway.logprobs.align import AlignmentError
-from gateway.logprobs.body_scan import load_chat_body
-from gateway.logprobs.compiled import fastpath
+from gateway.logprobs.body_scan import load_chat_body, load_completions_body
+from gateway.logprobs.compiled import TokenBatch, fastpath
 from gateway.logprobs.parse import LogprobParseError, Parsed, ParseOptions, id_table, parse_chat, parse_completions
 from gateway.logprobs.realign import realign
 from gateway.logprobs.report import TranslationReport
@@ -256,7 +256,9 @@ def completions_step(body: Mapping[str, Any], options: ParseOptions, *, streamin
         raise UpstreamFormatError("upstream text is not a string")
     logprobs = None if text_only else choice.get("logprobs")
     parsed = Parsed([])
-    if _is_mapping(logprobs):
+    if type(logprobs) is TokenBatch:  # load_completions_body's
+        parsed = _logprobs_or_fail(parse_completions, logprobs, options, _text_bound(streaming or not bound, text))
+    elif _is_mapping(logprobs):
         limit = _text_bound(streaming or not bound, text)
         if chat_shaped:
             parsed = _logprobs_or_fail(parse_chat, logprobs.get("content"), options, limit)
@@ -275,7 +277,8 @@ def _split_echo(step: Step, prompt: str) -> None:
     if not isinstance(count, int) or count > len(step.tokens):
         raise UpstreamFormatError("echo without a usable usage.prompt_tokens")
     step.prompt_text, step.text = prompt, step.text[len(prompt):]
-    step.prompt_tokens, step.tokens = step.tokens[:count], step.tokens[count:]
+    tokens = list(step.tokens)
+    step.prompt_tokens, step.tokens = tokens[:count], tokens[count:]
 
 
 # --- requests -----------------------------------------------------------------------------------
@@ -410,6 +413,8 @@ def completions_call(flavor: Flavor, gen: Generation, upstream_model: str, promp
     if gen.stream:
         body["stream_options"] = {"include_usage": True}
     # llama.cpp's chat-shaped completions logprobs are Python's to read.
-    read_chunk = None if flavor.chat_shaped_completions else read_completions_chunk
-    call = UpstreamCall("/v1/completions", body, parse, read_chunk=read_chunk)
+    if flavor.chat_shaped_completions:  # llama.cpp's chat-shaped completions logprobs are Python's to read
+        call = UpstreamCall("/v1/completions", body, parse)
+    else:
+        call = UpstreamCall("/v1/completions", body, parse, load_completions_body, read_completions_chunk)
     return flavor.adapt(call, gen) if flavor.adapt is not None else call

@@ -1,0 +1,388 @@
+/* A whole body's tokens kept flat, from its JSON to the Response's logprob entries (see body_scan.py).
+ *
+ * The body reader (fp_split_body, _fastpath_json.c) fills a TokenBatch: per token its id, logprob and
+ * flags, per alternative its id and logprob, in flat arrays; the bytes are the vocabulary table's own
+ * objects, looked up by id. No Token or Candidate is built unless one is asked for: `batch[i]` and
+ * `tokens()` give exactly the Tokens chat_from_ids / completions_from_ids would have made, for any code
+ * that wants Tokens. What the non-streamed Responses path wants is two things, done here in C:
+ *   spells(text): the visible (non-special) tokens' bytes are exactly the text's UTF-8 (the invariant;
+ *     then the text needs no grouping: it is one group, the tokens' bytes);
+ *   render_json(k, dumps): render_responses_json(visible tokens, k), byte for byte, with the alternatives
+ *     normalized as normalize_candidates does (by id, best logprob first, stable, cut to k).
+ * The batch holds only plain values (ids with bytes, logprobs strictly between the sentinel and +inf):
+ * the reader declines anything else, so no sentinel is ever rendered here.
+ */
+#include "_fastpath.h"
+
+#include <stdint.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *table; /* id -> bytes */
+    Py_ssize_t count, capacity;
+    int32_t *ids;
+    double *logprobs;
+    unsigned char *flags; /* TOKEN_SPECIAL | TOKEN_TOP_ABSENT */
+    Py_ssize_t *alternatives_end; /* where each token's alternatives end in the alternative arrays */
+    Py_ssize_t alternative_count, alternative_capacity;
+    int32_t *alternative_ids;
+    double *alternative_logprobs;
+} TokenBatch;
+
+enum { TOKEN_SPECIAL = 1, TOKEN_TOP_ABSENT = 2 };
+
+static PyTypeObject TokenBatchType;
+
+PyObject *
+fp_batch_new(PyObject *table)
+{
+    TokenBatch *batch = PyObject_New(TokenBatch, &TokenBatchType);
+    if (batch == NULL) {
+        return NULL;
+    }
+    batch->table = Py_NewRef(table);
+    batch->count = batch->capacity = batch->alternative_count = batch->alternative_capacity = 0;
+    batch->ids = batch->alternative_ids = NULL;
+    batch->logprobs = batch->alternative_logprobs = NULL;
+    batch->flags = NULL;
+    batch->alternatives_end = NULL;
+    return (PyObject *)batch;
+}
+
+static void
+batch_dealloc(TokenBatch *batch)
+{
+    Py_XDECREF(batch->table);
+    PyMem_Free(batch->ids);
+    PyMem_Free(batch->logprobs);
+    PyMem_Free(batch->flags);
+    PyMem_Free(batch->alternatives_end);
+    PyMem_Free(batch->alternative_ids);
+    PyMem_Free(batch->alternative_logprobs);
+    PyObject_Free(batch);
+}
+
+/* Grow `*array` (of `size`-byte items) to hold `wanted`; -1 with MemoryError set when it cannot. */
+static int
+grow(void **array, Py_ssize_t wanted, size_t size)
+{
+    void *grown = PyMem_Realloc(*array, (size_t)wanted * size);
+    if (grown == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *array = grown;
+    return 0;
+}
+
+int
+fp_batch_alternative(PyObject *object, Py_ssize_t id, double logprob)
+{
+    TokenBatch *batch = (TokenBatch *)object;
+    if (batch->alternative_count == batch->alternative_capacity) {
+        Py_ssize_t wanted = batch->alternative_capacity ? 2 * batch->alternative_capacity : 512;
+        if (grow((void **)&batch->alternative_ids, wanted, sizeof(int32_t)) < 0
+            || grow((void **)&batch->alternative_logprobs, wanted, sizeof(double)) < 0) {
+            return -1;
+        }
+        batch->alternative_capacity = wanted;
+    }
+    batch->alternative_ids[batch->alternative_count] = (int32_t)id;
+    batch->alternative_logprobs[batch->alternative_count++] = logprob;
+    return 0;
+}
+
+int
+fp_batch_token(PyObject *object, Py_ssize_t id, double logprob, int special, int top_absent,
+               Py_ssize_t alternatives_end)
+{
+    TokenBatch *batch = (TokenBatch *)object;
+    if (batch->count == batch->capacity) {
+        Py_ssize_t wanted = batch->capacity ? 2 * batch->capacity : 128;
+        if (grow((void **)&batch->ids, wanted, sizeof(int32_t)) < 0
+            || grow((void **)&batch->logprobs, wanted, sizeof(double)) < 0
+            || grow((void **)&batch->flags, wanted, 1) < 0
+            || grow((void **)&batch->alternatives_end, wanted, sizeof(Py_ssize_t)) < 0) {
+            return -1;
+        }
+        batch->capacity = wanted;
+    }
+    Py_ssize_t i = batch->count++;
+    batch->ids[i] = (int32_t)id;
+    batch->logprobs[i] = logprob;
+    batch->flags[i] = (unsigned char)((special ? TOKEN_SPECIAL : 0) | (top_absent ? TOKEN_TOP_ABSENT : 0));
+    batch->alternatives_end[i] = alternatives_end < 0 ? batch->alternative_count : alternatives_end;
+    return 0;
+}
+
+static inline Py_ssize_t
+alternatives_start(const TokenBatch *batch, Py_ssize_t i)
+{
+    return i == 0 ? 0 : batch->alternatives_end[i - 1];
+}
+
+static inline PyObject *
+bytes_of(const TokenBatch *batch, int32_t id)
+{
+    return PyTuple_GET_ITEM(batch->table, id);
+}
+
+/* --- as Tokens -------------------------------------------------------------------------------------- */
+
+static Py_ssize_t
+batch_length(TokenBatch *batch)
+{
+    return batch->count;
+}
+
+/* Token i, as the id readers make it (new reference). */
+static PyObject *
+batch_token(TokenBatch *batch, Py_ssize_t i)
+{
+    Py_ssize_t start = alternatives_start(batch, i), end = batch->alternatives_end[i];
+    PyObject *top = PyTuple_New(end - start), *value = NULL, *token = NULL;
+    if (top == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t j = start; j < end; j++) {
+        PyObject *alternative_value = PyFloat_FromDouble(batch->alternative_logprobs[j]);
+        if (alternative_value == NULL) {
+            goto done;
+        }
+        int32_t id = batch->alternative_ids[j];
+        PyObject *candidate = fp_candidate(bytes_of(batch, id), alternative_value, id);
+        Py_DECREF(alternative_value);
+        if (candidate == NULL) {
+            goto done;
+        }
+        PyTuple_SET_ITEM(top, j - start, candidate);
+    }
+    fp_untracked(top);
+    value = PyFloat_FromDouble(batch->logprobs[i]);
+    if (value != NULL) {
+        int32_t id = batch->ids[i];
+        unsigned char flags = batch->flags[i];
+        token = fp_token(bytes_of(batch, id), value, top, id, flags & TOKEN_SPECIAL, (flags & TOKEN_TOP_ABSENT) != 0);
+    }
+done:
+    Py_DECREF(top);
+    Py_XDECREF(value);
+    return token;
+}
+
+static PyObject *
+batch_item(TokenBatch *batch, Py_ssize_t i)
+{
+    if (i < 0 || i >= batch->count) {
+        PyErr_SetString(PyExc_IndexError, "TokenBatch index out of range");
+        return NULL;
+    }
+    return batch_token(batch, i);
+}
+
+/* tokens(visible_only=False) -> list[Token]: every token (or only those that are not special). */
+static PyObject *
+batch_tokens(TokenBatch *batch, PyObject *const *args, Py_ssize_t nargs)
+{
+    int visible_only = nargs > 0 ? PyObject_IsTrue(args[0]) : 0;
+    if (visible_only < 0) {
+        return NULL;
+    }
+    PyObject *tokens = PyList_New(0);
+    if (tokens == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < batch->count; i++) {
+        if (visible_only && batch->flags[i] & TOKEN_SPECIAL) {
+            continue;
+        }
+        PyObject *token = batch_token(batch, i);
+        if (token == NULL || PyList_Append(tokens, token) < 0) {
+            Py_XDECREF(token);
+            Py_DECREF(tokens);
+            return NULL;
+        }
+        Py_DECREF(token);
+    }
+    return tokens;
+}
+
+/* --- the invariant ---------------------------------------------------------------------------------- */
+
+/* spells(text) -> bool: the visible tokens' bytes, joined, are exactly `text` in UTF-8. */
+static PyObject *
+batch_spells(TokenBatch *batch, PyObject *text)
+{
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "spells(text: str)");
+        return NULL;
+    }
+    Py_ssize_t length;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(text, &length);
+    if (utf8 == NULL) {
+        PyErr_Clear(); /* a lone surrogate: no bytes spell it */
+        Py_RETURN_FALSE;
+    }
+    Py_ssize_t at = 0;
+    for (Py_ssize_t i = 0; i < batch->count; i++) {
+        if (batch->flags[i] & TOKEN_SPECIAL) {
+            continue;
+        }
+        PyObject *data = bytes_of(batch, batch->ids[i]);
+        Py_ssize_t size = PyBytes_GET_SIZE(data);
+        if (size > length - at || memcmp(PyBytes_AS_STRING(data), utf8 + at, (size_t)size) != 0) {
+            Py_RETURN_FALSE;
+        }
+        at += size;
+    }
+    return PyBool_FromLong(at == length);
+}
+
+/* --- the Responses entries -------------------------------------------------------------------------- */
+
+/* Token i's alternatives as normalize_candidates leaves them (each an index into the alternative arrays,
+ * best first; duplicates of an id merged into the first, with the best logprob in `values`): how many. */
+static Py_ssize_t
+normalized(const TokenBatch *batch, Py_ssize_t i, Py_ssize_t k, Py_ssize_t *order, double *values)
+{
+    Py_ssize_t start = alternatives_start(batch, i), end = batch->alternatives_end[i], count = 0;
+    if (k <= 0) {
+        return 0;
+    }
+    for (Py_ssize_t j = start; j < end && count < MAX_CANDIDATES; j++) {
+        int32_t id = batch->alternative_ids[j];
+        double value = batch->alternative_logprobs[j];
+        Py_ssize_t seen = -1;
+        for (Py_ssize_t m = 0; m < count; m++) {
+            if (batch->alternative_ids[order[m]] == id) {
+                seen = m;
+                break;
+            }
+        }
+        if (seen >= 0) {
+            if (value > values[seen]) {
+                values[seen] = value; /* the same id: the same bytes, the better logprob */
+            }
+            continue;
+        }
+        order[count] = j;
+        values[count++] = value;
+    }
+    /* Insertion sort, descending, stable: an element moves only past strictly smaller ones. */
+    for (Py_ssize_t j = 1; j < count; j++) {
+        Py_ssize_t index = order[j];
+        double value = values[j];
+        Py_ssize_t m = j;
+        while (m > 0 && values[m - 1] < value) {
+            order[m] = order[m - 1];
+            values[m] = values[m - 1];
+            m--;
+        }
+        order[m] = index;
+        values[m] = value;
+    }
+    return count < k ? count : k;
+}
+
+/* render_json(k, dumps) -> bytes: render_responses_json(tokens(visible_only=True), k), byte for byte. */
+static PyObject *
+batch_render_json(TokenBatch *batch, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyLong_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "render_json(k: int, dumps)");
+        return NULL;
+    }
+    Py_ssize_t k = PyLong_AsSsize_t(args[0]);
+    if (k == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t per_token = 1 + (k <= 0 ? 0 : (k < MAX_CANDIDATES ? k : MAX_CANDIDATES));
+    Py_ssize_t slots = batch->count * per_token + 1;
+    /* Pass 1: every visible token's normalized alternatives, and the floats in writing order. */
+    PyObject **data = PyMem_Malloc(sizeof(PyObject *) * (size_t)slots); /* each written entry's bytes */
+    Py_ssize_t *kept = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(batch->count + 1));
+    PyObject *floats = PyList_New(0), *result = NULL;
+    if (data == NULL || kept == NULL || floats == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t total = 0, bound = 2;
+    for (Py_ssize_t i = 0; i < batch->count; i++) {
+        if (batch->flags[i] & TOKEN_SPECIAL) {
+            kept[i] = -1;
+            continue;
+        }
+        Py_ssize_t order[MAX_CANDIDATES];
+        double values[MAX_CANDIDATES];
+        Py_ssize_t alternatives = normalized(batch, i, k, order, values);
+        kept[i] = alternatives;
+        for (Py_ssize_t j = -1; j < alternatives; j++) {
+            int32_t id = j < 0 ? batch->ids[i] : batch->alternative_ids[order[j]];
+            PyObject *value = PyFloat_FromDouble(j < 0 ? batch->logprobs[i] : values[j]);
+            if (value == NULL || PyList_Append(floats, value) < 0) {
+                Py_XDECREF(value);
+                goto done;
+            }
+            Py_DECREF(value);
+            data[total++] = bytes_of(batch, id);
+            bound += FP_ENTRY_OVERHEAD + 10 * PyBytes_GET_SIZE(bytes_of(batch, id));
+        }
+    }
+    result = fp_entries_json(batch->count, kept, data, total, floats, args[1], bound);
+done:
+    PyMem_Free(data);
+    PyMem_Free(kept);
+    Py_XDECREF(floats);
+    return result;
+}
+
+static PyObject *
+batch_visible(TokenBatch *batch, void *closure)
+{
+    Py_ssize_t visible = 0;
+    for (Py_ssize_t i = 0; i < batch->count; i++) {
+        visible += !(batch->flags[i] & TOKEN_SPECIAL);
+    }
+    return PyLong_FromSsize_t(visible);
+}
+
+static PyGetSetDef batch_getset[] = {
+    {"visible", (getter)batch_visible, NULL, "How many tokens are not special (spell text).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef batch_methods[] = {
+    {"tokens", (PyCFunction)(void (*)(void))batch_tokens, METH_FASTCALL,
+     "tokens(visible_only=False) -> list[Token]: what the id readers make of the same logprobs."},
+    {"spells", (PyCFunction)batch_spells, METH_O,
+     "spells(text) -> bool: the visible tokens' bytes are exactly text's UTF-8."},
+    {"render_json", (PyCFunction)(void (*)(void))batch_render_json, METH_FASTCALL,
+     "render_json(k, dumps) -> bytes: render_responses_json(tokens(True), k)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods batch_as_sequence = {
+    .sq_length = (lenfunc)batch_length,
+    .sq_item = (ssizeargfunc)batch_item,
+};
+
+static PyTypeObject TokenBatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gateway.logprobs._fastpath.TokenBatch",
+    .tp_doc = "A body's tokens in flat arrays (ids, logprobs, alternatives); see _fastpath_body.c.",
+    .tp_basicsize = sizeof(TokenBatch),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)batch_dealloc,
+    .tp_as_sequence = &batch_as_sequence,
+    .tp_methods = batch_methods,
+    .tp_getset = batch_getset,
+};
+
+int
+fp_body_init(PyObject *module)
+{
+    if (PyType_Ready(&TokenBatchType) < 0) {
+        return -1;
+    }
+    return PyModule_AddObjectRef(module, "TokenBatch", (PyObject *)&TokenBatchType);
+}
