@@ -44,7 +44,7 @@ from gateway.middleware import (
 from gateway.playground import add_playground
 from gateway.replicas import NoReplicaAvailable, Replica, probe_forever, retry_after_header
 from gateway.routing import Route, build_routes
-from gateway.sse import data_batches, encode_events, split_events, sse_headers
+from gateway.sse import data_batches, encode_events, encode_pieces, split_events, sse_headers
 from gateway.stored_routes import BACKGROUND_KEY, Turn, add_stored_routes, begin_turn, follow_events
 from gateway.translate.front_doors import (
     generation_from_chat,
@@ -97,6 +97,11 @@ class _Framing:
         for item in items:
             parts += (b"data: ", dumps(item), b"\n\n")
         return b"".join(parts)  # one copy of all the frames
+
+    def pieces(self, items: list[dict[str, Any]]) -> list[bytes]:
+        """`encode(items)` in pieces (sse.encode_pieces: a long logprob list the frames repeat is one
+        piece they share); the last piece is always a small one."""
+        return encode_pieces(items) if self.named_events else [self.encode(items)]
 
     def end(self) -> bytes:
         return b"" if self.named_events else b"data: [DONE]\n\n"
@@ -697,6 +702,9 @@ class _EventStreamResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
+_SLICE = 64 * 1024  # aiohttp's write copies what it is given (chunk header joined): at most this much
+
+
 class SSESink:
     """The HTTP stream: `text/event-stream` frames, one write per network read."""
 
@@ -721,11 +729,24 @@ class SSESink:
 
     async def end(self, items: list[dict[str, Any]], failed: bool) -> None:
         assert self.response is not None
-        tail = self.framing.encode(items) if items else b""
-        # The last events, the end marker and the chunked-encoding terminator: one write.
+        *body, tail = self.framing.pieces(items) if items else [b""]
+        # A long message's closing frames repeat its logprob list (~0.4 MB at 1,000 tokens, k=5) four
+        # times: each copy goes out as the one shared piece, a slice at a time, each write waiting
+        # while the client is behind (aiohttp drains past 64 KB), so a stream's ending holds the list
+        # once and at most a slice or two more, however slowly its client reads. No lock or turn is
+        # shared between streams: a client that stops reading holds up only its own stream.
+        for piece in body:
+            if len(piece) <= _SLICE:
+                await self._write(piece)
+                continue
+            view = memoryview(piece)
+            for start in range(0, len(piece), _SLICE):
+                await self._write(view[start:start + _SLICE])
+        # The last events, the end marker and the chunked-encoding terminator: one write (all of a
+        # short stream's ending).
         await self.response.write_eof(tail if failed else tail + self.framing.end())
 
-    async def _write(self, data: bytes) -> None:
+    async def _write(self, data: bytes | memoryview) -> None:
         assert self.response is not None
         try:
             await self.response.write(data)

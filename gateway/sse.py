@@ -26,17 +26,51 @@ def encode_events(events: Iterable[dict[str, Any]]) -> bytes:
     dumps = orjson.dumps
     for event in events:
         kind = event["type"]
-        head = _HEADS.get(kind)
-        if head is None:
-            head = b"".join((b"event: ", kind.encode(), b"\ndata: "))
-            if len(_HEADS) < 256:  # event types are a small fixed set; never grow without bound
-                _HEADS[kind] = head
         if kind in _REPEATING:
             event = _with_shared_logprobs(event)
             if kind in _TERMINAL:
                 _memo.clear()  # the message is complete: nothing later repeats its list
-        parts += (head, dumps(event), b"\n\n")
+        parts += (_head(kind), dumps(event), b"\n\n")
     return b"".join(parts)
+
+
+def encode_pieces(events: Iterable[dict[str, Any]]) -> list[bytes]:
+    """The bytes of `encode_events(events)` as pieces to write one after another, where a long
+    `logprobs` list (its JSON at least `SPLIT_AT` bytes) is a piece of its own, one bytes object
+    that every frame repeating the list refers to: the four frames closing a 1,000-token message
+    hold its ~0.4 MB of JSON once, not four times over and joined again. Small frames stay joined."""
+    pieces: list[bytes] = []
+    run: list[bytes] = []  # small pieces waiting to be joined into one
+    dumps = orjson.dumps
+    known: dict[int, tuple[Any, bytes]] = {}  # id of a list or Fragment seen in this call -> (it, its JSON)
+    for event in events:
+        kind = event["type"]
+        if kind not in _REPEATING:
+            run += (_head(kind), dumps(event), b"\n\n")
+            continue
+        shared: list[bytes] = []
+        text = dumps(_marked(event, shared, known))
+        split = text.split(_MARK_BYTE) if shared else [text]
+        if len(split) != len(shared) + 1:  # a NUL byte that is not our mark (never from orjson): no split
+            split, shared = [dumps(_marked(event, None, known))], []
+        run += (_head(kind), split[0])
+        for piece, rest in zip(shared, split[1:], strict=True):
+            pieces.append(b"".join(run))
+            pieces.append(piece)
+            run = [rest]
+        run.append(b"\n\n")
+    if run:
+        pieces.append(b"".join(run))
+    return pieces
+
+
+def _head(kind: str) -> bytes:
+    head = _HEADS.get(kind)
+    if head is None:
+        head = b"".join((b"event: ", kind.encode(), b"\ndata: "))
+        if len(_HEADS) < 256:  # event types are a small fixed set; never grow without bound
+            _HEADS[kind] = head
+    return head
 
 
 _HEADS: dict[str, bytes] = {}  # event type -> b"event: <type>\ndata: "
@@ -53,16 +87,44 @@ _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.fa
 _SHARE_AT = 16  # shorter lists cost less to serialize again than to look up
 _memo: list[Any] = []  # [list object, its length, its JSON as an orjson.Fragment]
 
+SPLIT_AT = 64 * 1024  # a list's JSON from this size on is its own piece in `encode_pieces`
+_MARK_BYTE = b"\x00"  # orjson never writes a NUL byte (it escapes control characters in strings)
+_MARK = orjson.Fragment(_MARK_BYTE)
+
 
 def _with_shared_logprobs(value: Any) -> Any:
     """`value` (not changed) copied along the paths to long `logprobs` lists, which become Fragments."""
+    return _rewritten(value, lambda item: _fragment(item) if type(item) is list and len(item) >= _SHARE_AT else item)
+
+
+def _marked(value: Any, shared: list[bytes] | None, known: dict[int, tuple[Any, bytes]]) -> Any:
+    """`value` (not changed) with each long `logprobs` list, or Fragment of one, replaced by `_MARK`
+    and its JSON appended to `shared`, in the order orjson writes them (dict order); shorter lists
+    become Fragments of their JSON (serialized once per call). `shared` None: no marks."""
+    def replace(item: Any) -> Any:
+        if type(item) is list and len(item) < _SHARE_AT:
+            return item
+        seen = known.get(id(item))
+        if seen is None:
+            seen = known[id(item)] = (item, orjson.dumps(item))  # a Fragment's dumps: its bytes
+        json = seen[1]
+        if shared is not None and len(json) >= SPLIT_AT:
+            shared.append(json)
+            return _MARK
+        return item if type(item) is orjson.Fragment else orjson.Fragment(json)
+    return _rewritten(value, replace)
+
+
+def _rewritten(value: Any, replace: Any) -> Any:
+    """`value` (not changed) copied along the paths to `logprobs` lists and Fragments, each one
+    `replace(it)` instead."""
     if type(value) is dict:
         copy = None
         for key, item in value.items():
-            if key == "logprobs" and type(item) is list:
-                new = _fragment(item) if len(item) >= _SHARE_AT else item
+            if key == "logprobs" and (type(item) is list or type(item) is orjson.Fragment):
+                new = replace(item)
             elif type(item) is dict or type(item) is list:
-                new = _with_shared_logprobs(item)
+                new = _rewritten(item, replace)
             else:
                 continue
             if new is not item:
@@ -71,7 +133,7 @@ def _with_shared_logprobs(value: Any) -> Any:
                 copy[key] = new
         return value if copy is None else copy
     if type(value) is list:
-        items = [_with_shared_logprobs(item) if type(item) is dict else item for item in value]
+        items = [_rewritten(item, replace) if type(item) is dict else item for item in value]
         return value if all(a is b for a, b in zip(items, value, strict=True)) else items
     return value
 

@@ -1,15 +1,22 @@
 """SSE both ways: frames that share one logprob list serialize it once and still read back exactly;
+a long message's closing frames go out holding that list once (no copy per frame, no joined copy);
 splitting a byte stream by reads gives the same payloads as reading it line by line."""
 
 import asyncio
 import random
+import socket
+import threading
+import tracemalloc
 
 import orjson
+from aiohttp import web
 
+from gateway.app import RESPONSES_FRAMING, SSESink
 from gateway.logprobs.tokens import Candidate, Token
-from gateway.sse import data_payloads, encode_event
+from gateway.sse import SPLIT_AT, data_payloads, encode_event, encode_events, encode_pieces
 from gateway.translate.response_object import ResponseSettings
 from gateway.translate.stream import ResponsesStream
+from tests.test_packed_tokens import _long_steps
 
 
 def _plain(event):
@@ -41,6 +48,85 @@ def test_a_list_changed_between_two_frames_is_serialized_again():
     first = encode_event(done)
     done["logprobs"].append(done["logprobs"][0])  # same list object, one more entry
     assert encode_event(done) == _plain(done) != first
+
+
+def _long_message_ending(serialized):
+    """The closing frames of a 1,000-token message with k=5 (its logprob list's JSON ~360 KB)."""
+    stream = ResponsesStream(ResponseSettings(model="m", top_logprobs=5, include_logprobs=True), serialized=serialized)
+    stream.start()
+    for tokens, text in _long_steps(1000):
+        stream.feed(tokens, text)
+    return stream.finish("stop", {"input_tokens": 1, "output_tokens": 1000})
+
+
+def test_closing_frames_in_pieces_share_one_copy_of_the_long_list():
+    for serialized in (True, False):  # the list as the server's Fragment, or as dicts
+        events = _long_message_ending(serialized)
+        pieces = encode_pieces(events)
+        assert b"".join(pieces) == encode_events(events) == b"".join(_plain(e) for e in events)
+        long = [piece for piece in pieces if len(piece) >= SPLIT_AT]
+        assert len(long) == 4 and all(piece is long[0] for piece in long)  # one object, four frames
+        assert orjson.loads(long[0]) == orjson.loads(encode_event(events[-1]).split(b"data: ", 1)[1])[
+            "response"]["output"][0]["content"][0]["logprobs"]
+        assert sum(len(piece) for piece in pieces if piece is not long[0]) < 20_000  # the rest is small
+
+
+def test_short_lists_stay_in_one_joined_piece():
+    events = _finished_stream_events(40)
+    assert encode_pieces(events) == [b"".join(_plain(e) for e in events)]
+
+
+def _read_all(port, into):
+    """A client on its own thread reading into a buffer made beforehand (it allocates nothing per read)."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        view, size = memoryview(into[0]), 0
+        while count := sock.recv_into(view[size:]):
+            size += count
+        into.append(size)
+
+
+def _dechunked(raw):
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower()
+    body = []
+    while True:
+        length, _, rest = rest.partition(b"\r\n")
+        if int(length, 16) == 0:
+            return b"".join(body)
+        body.append(rest[:int(length, 16)])
+        rest = rest[int(length, 16) + 2:]
+
+
+async def test_a_long_messages_ending_is_written_holding_its_list_about_once(aiohttp_server):
+    """What a stream's ending holds while it is written, measured (tracemalloc) inside a real aiohttp
+    server writing to a real socket: before, the four frames each copied the list, were joined, and
+    aiohttp joined that again with the chunk header (~8x the list); now ~1x, plus a 64 KB slice."""
+    events = _long_message_ending(True)
+    expected = encode_events(events)
+    list_size = max(len(piece) for piece in encode_pieces(events))
+    measured = {}
+
+    async def handler(request):
+        request["request_id"] = "req_1"
+        sink = SSESink(request, RESPONSES_FRAMING)
+        await sink.begin([])
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        await sink.end(events, False)
+        measured["peak"] = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.stop()
+        return sink.response
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    server = await aiohttp_server(app)
+    received = [bytearray(4 * len(expected))]
+    client = threading.Thread(target=_read_all, args=(server.port, received))
+    client.start()
+    await asyncio.get_running_loop().run_in_executor(None, client.join)
+    assert _dechunked(bytes(received[0][:received[1]])) == expected
+    assert list_size > 300_000 and measured["peak"] < 2 * list_size, (measured, list_size)
 
 
 class _Reader:
