@@ -26,8 +26,11 @@ import pytest
 from gateway.logprobs.demo_vocab import build_demo_vocab
 from gateway.simulator.vllm import create_app as create_simulator
 from gateway.store import codec
+from gateway.store.sqlite import SQLiteStore
+from gateway.store.writer import WriteBehind
 from gateway.stored_routes import STORE_KEY
 from tests.e2e import LOGPROBS, start_stack
+from tests.test_sse_encoding import _long_message_ending
 from tests.test_stored_responses import REPLIES, _redis_store, redis_url  # noqa: F401  (the session's redis-server)
 
 EXE = str(Path(sys.executable).parent / "responses-gateway")
@@ -77,6 +80,29 @@ async def test_a_pending_save_is_read_back_on_the_same_gateway(aiohttp_server, v
     assert await stack.client.responses.delete(first.id) is None
     with pytest.raises(openai.NotFoundError):
         await stack.client.responses.retrieve(first.id)
+
+
+async def test_a_queued_save_holds_the_compact_form_and_reads_back_exactly(tmp_path):
+    """A 1,000-token k=5 Response (~0.4 MB of JSON) waits in the queue encoded (~45 KB), so a burst of
+    long answers ending while the writer is behind does not hold their JSON; read from the queue it
+    is the Response as sent, byte for byte."""
+    response = _long_message_ending(True)[-1]["response"]
+    raw = orjson.dumps(response)
+    path = tmp_path / "r.sqlite3"
+    store = WriteBehind(SQLiteStore(path, ttl_seconds=3600, max_responses=100))
+    await store.open()
+    try:
+        with _write_lock(path):
+            await store.save(response, [{"type": "message", "role": "user", "content": "hi"}])
+            assert response["id"] not in _committed(path)
+            assert len(raw) > 300_000 and store.queued_bytes < len(raw) / 5, (store.queued_bytes, len(raw))
+            assert orjson.dumps(await store.get(response["id"])) == raw
+            assert await store.input_items(response["id"]) == [{"type": "message", "role": "user", "content": "hi"}]
+        await store.flush()
+        assert response["id"] in _committed(path) and store.queued_bytes == 0
+        assert orjson.dumps(await store.get(response["id"])) == raw
+    finally:
+        await store.close()
 
 
 async def test_another_gateway_on_the_same_file_waits_for_the_commit(aiohttp_server, vocab, tmp_path):

@@ -16,11 +16,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.store import Item, StoreError, codec, item_keys
+from gateway.store import Item, StoreError, codec
 from gateway.store.writer import Write
 
 
@@ -66,18 +65,17 @@ class RedisStore:
 
     async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None) -> None:
         """Save one Response now (the gateway saves through store.writer's queue instead)."""
-        await self.write_batch([Write(response["id"], orjson.dumps(response), orjson.dumps(input_items), events,
-                                      item_keys(response, input_items))])
+        await self.write_batch([Write.encoding(response, input_items, events)])
 
     async def write_batch(self, writes: list[Write]) -> None:
-        """Every write in one pipelined transaction (one round trip), in the compact form (store.codec)."""
+        """Every write in one pipelined transaction (one round trip), as encoded (Write.encoding: store.codec)."""
         now_ms = int(time.time() * 1000)
         async with self.client.pipeline(transaction=True) as pipe:
             for order, write in enumerate(writes):
                 response_id, key = write.response_id, self._key(write.response_id)
-                fields = {"response": codec.encode(write.response), "input_items": codec.encode(write.input_items)}
+                fields = {"response": write.response, "input_items": write.input_items}
                 if write.events is not None:
-                    fields["events"] = codec.encode(write.events)
+                    fields["events"] = write.events
                 pipe.delete(key)  # a save replaces the whole entry (no events left from before)
                 pipe.hset(key, mapping=fields)
                 pipe.expire(key, self.ttl_seconds)

@@ -18,9 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-import orjson
-
-from gateway.store import Item, StoreError, codec, item_keys
+from gateway.store import Item, StoreError, codec
 from gateway.store.writer import Write
 
 T = TypeVar("T")
@@ -133,18 +131,14 @@ class SQLiteStore:
 
     async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None) -> None:
         """Save and commit one Response now (the gateway saves through store.writer's queue instead)."""
-        # Serialized here, on the loop, so the handler's dicts are never read from another thread.
-        await self.write_batch([Write(response["id"], orjson.dumps(response), orjson.dumps(input_items), events,
-                                      item_keys(response, input_items))])
+        # Encoded here, on the loop, so the handler's dicts are never read from another thread.
+        await self.write_batch([Write.encoding(response, input_items, events)])
 
     async def write_batch(self, writes: list[Write]) -> None:
-        """All the writes in one transaction (group commit); encoded on the store's thread."""
+        """All the writes (encoded already: Write.encoding) in one transaction (group commit)."""
         await self._run(self._save, [(w.response_id, w.response, w.input_items, w.events, w.keys) for w in writes])
 
-    def _save(self, writes: list[tuple[str, bytes, bytes, bytes | None, list[str]]]) -> None:
-        rows = [(response_id, codec.encode(response), codec.encode(input_items),
-                 None if events is None else codec.encode(events), keys)
-                for response_id, response, input_items, events, keys in writes]
+    def _save(self, rows: list[tuple[str, bytes, bytes, bytes | None, list[str]]]) -> None:
         now = self._clock()
         db = self._conn
         db.execute("BEGIN IMMEDIATE")
