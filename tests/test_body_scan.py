@@ -1,6 +1,6 @@
-"""The compiled body scanner (`_fastpath_json.c`, used by `body_scan.load_chat_body`) keeps its contract:
+"""The compiled body scanner (`_fastpath_json.c` split_body, behind `body_scan.load_chat_body`) keeps its contract:
 
-it declines (None), or it cuts `choices[0].logprobs` out of the body and returns Tokens equal to what
+it declines (None), or it cuts `choices[0].logprobs` out of the body and returns a batch of Tokens equal to what
 the id reader makes of the same JSON read by orjson; what is left is the body byte for byte with
 `null` in place of the cut value, valid JSON exactly when the whole body is; nothing leaks; and the
 plain vLLM shape is always taken. Skips where the extension was not built (no compiler).
@@ -46,13 +46,18 @@ def _plain_content(count, k, start=0):
             for i in range(count)]
 
 
+def _split(raw):
+    """`split_body` of a chat body: None, or (body, its batch made Tokens)."""
+    split = fastpath.split_body(raw, False, TABLE, FLAGS)
+    return None if split is None else (split[0], split[1].tokens())
+
+
 def _check_contract(raw: bytes, split) -> None:
     """What a non-None answer promises about `raw`."""
-    body, tokens, start, end = split
-    assert orjson.loads(raw[start:end]) is not None
+    body, tokens = split
     whole = orjson.loads(raw)
     choice = whole["choices"][0]
-    assert choice["logprobs"] == {"content": orjson.loads(raw[start:end])}
+    assert list(choice["logprobs"]) == ["content"] and choice["logprobs"]["content"] is not None
     expected = fastpath.chat_from_ids(choice["logprobs"]["content"], TABLE, FLAGS)
     assert expected is not None and _fields(tokens) == _fields(expected)
     cut = orjson.loads(body)
@@ -76,7 +81,7 @@ def _dumps(value, style: int) -> bytes:
 def test_an_answer_keeps_the_contract(content, style, extra_choices, stream):
     content = orjson.loads(orjson.dumps(content))  # JSON has no inf or NaN (orjson writes null)
     raw = _dumps(_body(content, extra_choices=extra_choices, stream=stream), style)
-    split = fastpath.split_chat_logprobs(raw, TABLE, FLAGS)
+    split = _split(raw)
     if split is not None:
         _check_contract(raw, split)
     elif orjson.loads(raw)["choices"][0]["logprobs"]["content"] is not None and style in (0, 1, 3):
@@ -96,7 +101,7 @@ def _outside_the_subset(raw: bytes) -> bool:
 def test_the_plain_shape_is_always_taken(count, k, style, stream):
     content = _plain_content(count, k, start=count)
     raw = _dumps(_body(content, text="caf\u00e9 \U0001f980 \"quoted\" \\ end", stream=stream), style)
-    split = fastpath.split_chat_logprobs(raw, TABLE, FLAGS)
+    split = _split(raw)
     assert split is not None
     _check_contract(raw, split)
 
@@ -107,7 +112,7 @@ def test_special_tokens_and_the_special_member_are_kept():
                {"token": "token_id:7", "logprob": -0.2, "special": True, "top_logprobs": None},
                {"token": "token_id:8", "logprob": -0.3, "special": "yes"}]
     raw = orjson.dumps(_body(content))
-    _, tokens, _, _ = fastpath.split_chat_logprobs(raw, TABLE, FLAGS)
+    _, tokens = _split(raw)
     assert [t.special for t in tokens] == [True, True, False]
     assert all(t.origin is Origin.TOKEN_ID and t.top == () for t in tokens)
 
@@ -117,7 +122,7 @@ def test_special_tokens_and_the_special_member_are_kept():
                                       "-9998.999999999999", "-2.2250738585072014e-08", "0.0", "-7.0e0"])
 def test_logprobs_read_as_orjson_reads_them(spelling):
     raw = b'{"choices":[{"logprobs":{"content":[{"token":"token_id:7","logprob":%s}]}}]}' % spelling.encode()
-    split = fastpath.split_chat_logprobs(raw, TABLE, FLAGS)
+    split = _split(raw)
     assert split is not None
     value = split[1][0].logprob
     expected = orjson.loads(raw)["choices"][0]["logprobs"]["content"][0]["logprob"]
@@ -132,7 +137,7 @@ def test_any_float_spelling_reads_as_orjson_reads_it(value, template):
     if "." not in spelled and "e" not in spelled:
         spelled += ".0"
     raw = b'{"choices":[{"logprobs":{"content":[{"token":"token_id:7","logprob":%s}]}}]}' % spelled.encode()
-    split = fastpath.split_chat_logprobs(raw, TABLE, FLAGS)
+    split = _split(raw)
     expected = orjson.loads(raw)["choices"][0]["logprobs"]["content"][0]["logprob"]
     if split is not None:
         assert split[1][0].logprob == expected
@@ -160,7 +165,7 @@ def test_any_float_spelling_reads_as_orjson_reads_it(value, template):
     b'[{"choices":[{"logprobs":{"content":[]}}]}]',
 ])
 def test_shapes_left_to_python(raw):
-    assert fastpath.split_chat_logprobs(raw, TABLE, FLAGS) is None
+    assert _split(raw) is None
 
 
 def _mutated(data, raw: bytes) -> bytes:
@@ -183,7 +188,7 @@ def _mutated(data, raw: bytes) -> bytes:
 @settings(max_examples=800)
 def test_a_broken_body_stays_broken(data):
     raw = _mutated(data, orjson.dumps(_body(_plain_content(3, 2), text='a "b" \\ c')))
-    split = fastpath.split_chat_logprobs(raw, TABLE, FLAGS)
+    split = _split(raw)
     if split is None:
         return
     try:
@@ -225,7 +230,7 @@ def test_the_loader_gives_the_steps_orjson_gives():
 
 def test_the_loader_raises_what_orjson_raises():
     raw = orjson.dumps(_body(_plain_content(2, 1)))[:-1] + b"]"
-    assert fastpath.split_chat_logprobs(raw, TABLE, FLAGS) is None
+    assert _split(raw) is None
     with pytest.raises(orjson.JSONDecodeError):
         load_chat_body(raw, OPTIONS)
     assert load_chat_body(b'{"choices":[]}', OPTIONS) == {"choices": []}
@@ -239,8 +244,8 @@ def test_the_scanner_leaks_no_references():
     shared += [Origin.TOKEN_ID, raw, declined]
     before = [sys.getrefcount(o) for o in shared]
     for _ in range(200):
-        split = fastpath.split_chat_logprobs(raw, TABLE, FLAGS)
-        assert fastpath.split_chat_logprobs(declined, TABLE, FLAGS) is None
+        split = _split(raw)
+        assert _split(declined) is None
     del split
     assert [sys.getrefcount(o) for o in shared] == before
 
@@ -248,9 +253,9 @@ def test_the_scanner_leaks_no_references():
 def test_the_table_must_match_its_flags():
     table, flags = id_table(VOCAB)
     with pytest.raises(TypeError):
-        fastpath.split_chat_logprobs(b"{}", table, flags[:-1])
+        fastpath.split_body(b"{}", False, table, flags[:-1])
     with pytest.raises(TypeError):
-        fastpath.split_chat_logprobs("{}", table, flags)
+        fastpath.split_body("{}", False, table, flags)
 
 
 # --- whole stream chunks (`read_chunk`, read without orjson) -------------------------------------------

@@ -759,8 +759,6 @@ static PyMethodDef methods[] = {
      "completions_from_ids(strings, values, tops, table, special_flags) -> list[Token] | None"},
     {"render_entries", (PyCFunction)(void (*)(void))render_entries, METH_FASTCALL,
      "render_entries(tokens, k, fallback) -> list[dict]"},
-    {"split_chat_logprobs", (PyCFunction)(void (*)(void))fp_split_chat_logprobs, METH_FASTCALL,
-     "split_chat_logprobs(raw, table, special_flags) -> (body, tokens, start, end) | None"},
     {"read_chunk", (PyCFunction)(void (*)(void))fp_read_chunk, METH_FASTCALL,
      "read_chunk(raw, completions, table, special_flags) -> (text, tokens, finish_reason) | None"},
     {"render_entries_json", (PyCFunction)(void (*)(void))render_entries_json, METH_FASTCALL,

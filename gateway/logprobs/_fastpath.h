@@ -82,7 +82,6 @@ PyObject *fp_entries_json(Py_ssize_t count, const Py_ssize_t *kept, PyObject *co
                           PyObject *floats, PyObject *dumps, Py_ssize_t bound);
 
 /* _fastpath_json.c */
-PyObject *fp_split_chat_logprobs(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fp_read_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fp_split_body(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 

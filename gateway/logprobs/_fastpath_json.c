@@ -5,10 +5,10 @@
  * all of it into dicts, lists and ints (which the `token_id:N` reader then throws away: the ids carry
  * the bytes) cost more than the rest of the request.
  *
- * fp_split_chat_logprobs(raw, table, flags) (a whole body): None, or (body, tokens, start, end) where
- * `body` is `raw` with the value of `choices[0].logprobs` replaced by `null` (orjson reads it, small), and
- *   - raw[start:end] is the JSON of the `content` array, and `tokens` is exactly what
- *     chat_from_ids(orjson.loads(raw[start:end]), table, flags) returns;
+ * fp_split_body(raw, completions, table, flags) (a whole chat or completions body): None, or (body, batch)
+ * where `body` is `raw` with the value of `choices[0].logprobs` replaced by `null` (orjson reads it, small), and
+ *   - `batch` (a TokenBatch, _fastpath_body.c) holds exactly the Tokens chat_from_ids (completions_from_ids)
+ *     makes of that value read by orjson;
  *   - orjson accepts `body` if and only if it accepts `raw`.
  * fp_read_chunk(raw, completions, table, flags) (a chat or completions stream chunk, no orjson at all):
  * None, or (text, tokens, finish_reason), what chat_step (completions_step) makes of orjson.loads(raw),
@@ -16,7 +16,7 @@
  *
  * What is read is parsed strictly: names and token strings plain ASCII, short numbers, every other
  * value validated as orjson would (check_value); anything outside that is declined, never guessed.
- * What split_chat_logprobs leaves to orjson is only walked (strings and brackets), never interpreted.
+ * What split_body leaves to orjson is only walked (strings and brackets), never interpreted.
  * tests/test_body_scan.py holds both contracts (hypothesis over shapes, spellings and byte mutations).
  */
 #include "_fastpath.h"
@@ -485,10 +485,9 @@ done:
     return result;
 }
 
-/* `{"content": [entries]}` -> a list of Tokens and the span of the array; NULL when declined or on an error. */
+/* `{"content": [entries]}` -> a list of Tokens; NULL when declined or on an error. */
 static PyObject *
-strict_logprobs(Reader *r, PyObject *table, const char *special_flags, Py_ssize_t *start, Py_ssize_t *end,
-                const char *base, PyObject *batch)
+strict_logprobs(Reader *r, PyObject *table, const char *special_flags, PyObject *batch)
 {
     const char *name;
     Py_ssize_t name_length;
@@ -496,13 +495,10 @@ strict_logprobs(Reader *r, PyObject *table, const char *special_flags, Py_ssize_
     if (!take(r, '{') || !read_name(r, &name, &name_length) || !is_name(name, name_length, "content")) {
         return NULL;
     }
-    skip_space(r);
-    *start = r->at - base;
     PyObject *tokens = array_of(r, strict_record, &entries);
     if (tokens == NULL) {
         return NULL;
     }
-    *end = r->at - base;
     if (!take(r, '}')) {
         Py_DECREF(tokens);
         return NULL; /* another member beside content: Python's */
@@ -518,8 +514,7 @@ static PyObject *completions_logprobs(Reader *r, PyObject *table, const char *sp
  * there, see Tables.) */
 static PyObject *
 first_choice_logprobs(Reader *r, const char *base, PyObject *table, const char *special_flags,
-                      Py_ssize_t *value_start, Py_ssize_t *value_end, Py_ssize_t *start, Py_ssize_t *end,
-                      int completions, PyObject *batch)
+                      Py_ssize_t *value_start, Py_ssize_t *value_end, int completions, PyObject *batch)
 {
     const char *name;
     Py_ssize_t name_length;
@@ -558,7 +553,7 @@ first_choice_logprobs(Reader *r, const char *base, PyObject *table, const char *
             skip_space(r);
             *value_start = r->at - base;
             tokens = completions ? completions_logprobs(r, table, special_flags, batch)
-                                 : strict_logprobs(r, table, special_flags, start, end, base, batch);
+                                 : strict_logprobs(r, table, special_flags, batch);
             if (tokens == NULL) {
                 return NULL;
             }
@@ -603,36 +598,6 @@ without_value(PyObject *raw, Py_ssize_t value_start, Py_ssize_t value_end)
         memcpy(out + value_start + 4, base + value_end, (size_t)tail);
     }
     return body;
-}
-
-PyObject *
-fp_split_chat_logprobs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 3 || !PyBytes_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "split_chat_logprobs(raw: bytes, table, special_flags)");
-        return NULL;
-    }
-    PyObject *raw = args[0], *table = args[1], *flags = args[2];
-    if (fp_check_ready(table, flags) < 0) {
-        return NULL;
-    }
-    const char *base = PyBytes_AS_STRING(raw);
-    Reader reader = {base, base + PyBytes_GET_SIZE(raw)};
-    Py_ssize_t value_start = 0, value_end = 0, start = 0, end = 0;
-    PyObject *tokens = first_choice_logprobs(&reader, base, table, PyBytes_AS_STRING(flags), &value_start, &value_end,
-                                             &start, &end, 0, NULL);
-    if (tokens == NULL) {
-        if (PyErr_Occurred()) {
-            return NULL;
-        }
-        Py_RETURN_NONE;
-    }
-    PyObject *body = without_value(raw, value_start, value_end);
-    if (body == NULL) {
-        Py_DECREF(tokens);
-        return NULL;
-    }
-    return Py_BuildValue("(NNnn)", body, tokens, start, end);
 }
 
 /* --- a whole stream chunk, validated here (no orjson at all) ------------------------------------------ */
@@ -1113,9 +1078,8 @@ choice_member(Reader *r, const char *name, Py_ssize_t length, void *state)
         if (strict_literal(r, "null")) {
             return 1;
         }
-        Py_ssize_t start, end;
         chunk->tokens = chunk->completions ? completions_logprobs(r, chunk->table, chunk->special_flags, NULL)
-                                           : strict_logprobs(r, chunk->table, chunk->special_flags, &start, &end, r->at, NULL);
+                                           : strict_logprobs(r, chunk->table, chunk->special_flags, NULL);
         return chunk->tokens != NULL ? 1 : failed();
     }
     if (is_name(name, length, "finish_reason")) {
@@ -1199,8 +1163,7 @@ fp_read_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* A whole chat (or with `completions`, legacy completions) body whose first choice's logprobs are plainly
- * `token_id:N` -> (body, batch): `body` is `raw` with that logprobs value replaced by `null` (as in
- * split_chat_logprobs), `batch` a TokenBatch of exactly the Tokens chat_from_ids (completions_from_ids)
+ * `token_id:N` -> (body, batch): `body` is `raw` with that logprobs value replaced by `null`, `batch` a TokenBatch of exactly the Tokens chat_from_ids (completions_from_ids)
  * makes of that value read by orjson; None for any other body (Python reads it). */
 PyObject *
 fp_split_body(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -1223,9 +1186,9 @@ fp_split_body(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     const char *base = PyBytes_AS_STRING(raw);
     Reader reader = {base, base + PyBytes_GET_SIZE(raw)};
-    Py_ssize_t value_start = 0, value_end = 0, start = 0, end = 0;
+    Py_ssize_t value_start = 0, value_end = 0;
     PyObject *read = first_choice_logprobs(&reader, base, table, PyBytes_AS_STRING(flags), &value_start, &value_end,
-                                           &start, &end, completions, batch);
+                                           completions, batch);
     if (read == NULL) {
         Py_DECREF(batch);
         if (PyErr_Occurred()) {
