@@ -61,7 +61,7 @@ def _sse_payloads(frames: list[str]) -> list[bytes]:
 def run(canned: dict[str, Any], seconds: float, ks: tuple[int, ...] = KS, only: str | None = None
         ) -> list[dict[str, Any]]:
     from gateway.logprobs import convert
-    from gateway.logprobs.body_scan import load_chat_body
+    from gateway.logprobs.body_scan import load_chat_body, load_completions_body
     from gateway.logprobs.parse import ParseOptions, parse_chat
     from gateway.logprobs.render import render_responses_json, visible_tokens
     from gateway.sse import encode_event
@@ -90,14 +90,18 @@ def run(canned: dict[str, Any], seconds: float, ks: tuple[int, ...] = KS, only: 
     def chat_to_responses_json(content: list[Any], k: int) -> bytes:
         return render_responses_json(visible_tokens(parse_chat(content, options).tokens), k)
 
-    def full_chat(raw: bytes, settings: ResponseSettings) -> bytes:
-        # The gateway's whole CPU path for a non-streamed chat body minus sockets (what the dialect
-        # module does is written out: pick the choice, parse its logprobs, feed the translator).
-        choice = load_chat_body(raw, options)["choices"][0]
-        tokens = parse_chat(choice["logprobs"]["content"], options).tokens
+    bodies = {
+        "chat": UpstreamCall("/v1/chat/completions", {}, chat_step, load_chat_body),
+        "completions": UpstreamCall("/v1/completions", {}, completions_step, load_completions_body),
+    }
+
+    def full(raw: bytes, api: str, settings: ResponseSettings) -> bytes:
+        # The gateway's whole CPU path for a non-streamed body minus sockets: the dialect's reader (the
+        # body read, its logprobs parsed against its text), the translator, the Response written.
+        step = bodies[api].read(raw, options, False)
         translator = ResponsesStream(settings, serialized=True, deltas=False)  # as the server runs it
-        translator.feed(tokens, choice["message"]["content"])
-        return orjson.dumps(translator.final_response(choice["finish_reason"], None))
+        translator.feed(step.tokens, step.text)
+        return orjson.dumps(translator.final_response(step.finish_reason, None))
 
     readers = {
         "chat": UpstreamCall("/v1/chat/completions", {}, chat_step, load_chat_body, read_chat_chunk),
@@ -137,9 +141,9 @@ def run(canned: dict[str, Any], seconds: float, ks: tuple[int, ...] = KS, only: 
         add("responses -> completions (exact bytes)", k, convert.responses_to_completions, responses_entries, k)
 
         settings = ResponseSettings(model="m", top_logprobs=k, include_logprobs=True)
-        add("gateway path: chat body -> Response JSON", k, full_chat,
-            cases[f"chat/full/k{k}/n{TOKENS}"]["body"].encode(), settings)
         for api in ("chat", "completions"):
+            body = cases[f"{api}/full/k{k}/n{TOKENS}"]["body"].encode()
+            add(f"gateway path: {api} body -> Response JSON", k, full, body, api, settings)
             payloads = _sse_payloads(cases[f"{api}/stream/k{k}/n{TOKENS}"]["frames"])
             add(f"gateway path: {api} SSE chunks -> Responses SSE", k, stream, payloads, api, settings)
     return rows
