@@ -84,8 +84,9 @@ async def test_a_pending_save_is_read_back_on_the_same_gateway(aiohttp_server, v
 
 async def test_a_queued_save_holds_the_compact_form_and_reads_back_exactly(tmp_path):
     """A 1,000-token k=5 Response (~0.4 MB of JSON) waits in the queue encoded (~45 KB), so a burst of
-    long answers ending while the writer is behind does not hold their JSON; read from the queue it
-    is the Response as sent, byte for byte."""
+    long answers ending while the writer is behind does not hold their JSON; the encoding (~2 ms) runs
+    right after the saving caller's turn of the loop, not in it; read from the queue it is the Response
+    as sent, byte for byte."""
     response = _long_message_ending(True)[-1]["response"]
     raw = orjson.dumps(response)
     path = tmp_path / "r.sqlite3"
@@ -94,6 +95,10 @@ async def test_a_queued_save_holds_the_compact_form_and_reads_back_exactly(tmp_p
     try:
         with _write_lock(path):
             await store.save(response, [{"type": "message", "role": "user", "content": "hi"}])
+            pending = store._pending[response["id"]]
+            assert pending._encoded is None  # not encoded in the caller's turn: its answer goes out first
+            await asyncio.sleep(0)
+            assert pending._encoded is not None and pending._values is None  # one turn later: compact, dicts gone
             assert response["id"] not in _committed(path)
             assert len(raw) > 300_000 and store.queued_bytes < len(raw) / 5, (store.queued_bytes, len(raw))
             assert orjson.dumps(await store.get(response["id"])) == raw
