@@ -293,18 +293,18 @@ exact_decimal(const char *text, Py_ssize_t length, double *value)
     return 1;
 }
 
-/* A float logprob strictly between the sentinel and +inf (plain_logprob's rule), as a new float;
- * NULL with no error set when it is anything else. Short decimals by exact_decimal, the rest by
+/* A float logprob strictly between the sentinel and +inf (plain_logprob's rule) into *value: 1; 0 when it
+ * is anything else (an error set only if reading failed). Short decimals by exact_decimal, the rest by
  * Python's own correctly rounded reader: either way the double orjson gives. */
-static PyObject *
-strict_logprob(Reader *r)
+static int
+strict_logprob_value(Reader *r, double *result)
 {
     const char *text;
     Py_ssize_t length;
     int is_float;
     char buffer[MAX_NUMBER_LENGTH + 1];
     if (!strict_number(r, &text, &length, &is_float) || !is_float) {
-        return NULL;
+        return 0;
     }
     double value;
     if (!exact_decimal(text, length, &value)) {
@@ -312,17 +312,20 @@ strict_logprob(Reader *r)
         buffer[length] = '\0';
         char *stop;
         value = PyOS_string_to_double(buffer, &stop, NULL);
-        if (value == -1.0 && PyErr_Occurred()) {
-            return NULL;
-        }
-        if (stop != buffer + length) {
-            return NULL;
+        if ((value == -1.0 && PyErr_Occurred()) || stop != buffer + length) {
+            return 0;
         }
     }
-    if (!(value > SENTINEL_LOGPROB && value < Py_HUGE_VAL)) {
-        return NULL;
-    }
-    return PyFloat_FromDouble(value);
+    *result = value;
+    return value > SENTINEL_LOGPROB && value < Py_HUGE_VAL;
+}
+
+/* The same as a new float; NULL when declined (no error set) or on an error. */
+static PyObject *
+strict_logprob(Reader *r)
+{
+    double value;
+    return strict_logprob_value(r, &value) ? PyFloat_FromDouble(value) : NULL;
 }
 
 /* Set `bit` in *seen; 0 when it was set already (a repeated member: which one counts is orjson's business). */
@@ -383,7 +386,7 @@ enum { SEEN_TOKEN = 1, SEEN_LOGPROB = 2, SEEN_TOP = 4, SEEN_SPECIAL = 8 };
  * read by Python). */
 static int
 shared_member(Reader *r, const char *name, Py_ssize_t length, PyObject *table, int *seen, Py_ssize_t *id,
-              PyObject **logprob)
+              double *logprob)
 {
     if (is_name(name, length, "token")) {
         if (*seen & SEEN_TOKEN || (*id = strict_placeholder(r, table)) < 0) {
@@ -393,7 +396,7 @@ shared_member(Reader *r, const char *name, Py_ssize_t length, PyObject *table, i
         return 1;
     }
     if (is_name(name, length, "logprob")) {
-        if (*seen & SEEN_LOGPROB || (*logprob = strict_logprob(r)) == NULL) {
+        if (*seen & SEEN_LOGPROB || !strict_logprob_value(r, logprob)) {
             return -1;
         }
         *seen |= SEEN_LOGPROB;
@@ -412,6 +415,7 @@ strict_record(Reader *r, void *context)
     PyObject *table = tables->table;
     const char *name;
     Py_ssize_t name_length, id = -1;
+    double value = 0;
     PyObject *logprob = NULL, *result = NULL, *listed = NULL;
     int seen = 0, special = 0, entry = tables->special_flags != NULL;
     if (!take(r, '{')) {
@@ -422,7 +426,7 @@ strict_record(Reader *r, void *context)
             if (!read_name(r, &name, &name_length)) {
                 goto done;
             }
-            int common = shared_member(r, name, name_length, table, &seen, &id, &logprob);
+            int common = shared_member(r, name, name_length, table, &seen, &id, &value);
             if (common < 0) {
                 goto done;
             }
@@ -463,10 +467,12 @@ strict_record(Reader *r, void *context)
         goto done;
     }
     if (tables->batch != NULL) {
-        int added = entry ? fp_batch_token(tables->batch, id, PyFloat_AS_DOUBLE(logprob),
-                                           special || tables->special_flags[id] != 0, 0, -1)
-                          : fp_batch_alternative(tables->batch, id, PyFloat_AS_DOUBLE(logprob));
+        int added = entry ? fp_batch_token(tables->batch, id, value, special || tables->special_flags[id] != 0, 0, -1)
+                          : fp_batch_alternative(tables->batch, id, value);
         result = added < 0 ? NULL : Py_NewRef(Py_None);
+        goto done;
+    }
+    if ((logprob = PyFloat_FromDouble(value)) == NULL) {
         goto done;
     }
     if (!entry) {
@@ -844,18 +850,20 @@ top_dict(Reader *r, PyObject *table, PyObject *batch)
                     goto done;
                 }
             }
-            PyObject *logprob = strict_logprob(r);
-            if (logprob == NULL) {
+            double value;
+            if (!strict_logprob_value(r, &value)) {
                 goto done;
             }
             if (batch != NULL) {
-                int added = fp_batch_alternative(batch, id, PyFloat_AS_DOUBLE(logprob));
-                Py_DECREF(logprob);
-                if (added < 0) {
+                if (fp_batch_alternative(batch, id, value) < 0) {
                     goto done;
                 }
                 ids[count++] = id;
                 continue;
+            }
+            PyObject *logprob = PyFloat_FromDouble(value);
+            if (logprob == NULL) {
+                goto done;
             }
             candidates[count] = fp_candidate(PyTuple_GET_ITEM(table, id), logprob, id);
             Py_DECREF(logprob);
