@@ -11,6 +11,7 @@ length cap inside a character, a stop string, a different text) and shapes the r
 
 import json
 import re
+import sys
 
 import orjson
 import pytest
@@ -207,3 +208,23 @@ def test_batch_tokens_are_the_id_readers_tokens():
     assert [tuple(c) for t in batch.tokens() for c in t.top] == [tuple(c) for t in expected for c in t.top]
     with pytest.raises(IndexError):
         batch[len(batch)]
+
+
+def test_the_batch_path_leaks_no_references():
+    """Reading, spelling, rendering and dropping batches of both shapes gives back every reference it took."""
+    table, flags = id_table(DEMO_VOCAB)
+    ids = DEMO_IDS[20:40]
+    chat = _plain_chat_body(DEMO_VOCAB, ids, 5)
+    text = orjson.loads(chat)["choices"][0]["message"]["content"]
+    completions = orjson.dumps({"choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": {
+        "tokens": [f"token_id:{t}" for t in ids], "token_logprobs": [-0.5] * len(ids),
+        "top_logprobs": [{f"token_id:{a}": -1.0 - j for j, a in enumerate(ids[:3])} for _ in ids]}}]})
+    shared = [table, *{table[t] for t in ids}, chat, completions, text]
+    before = [sys.getrefcount(o) for o in shared]
+    for _ in range(100):
+        for raw, is_completions in ((chat, False), (completions, True)):
+            _, batch = fastpath.split_body(raw, is_completions, table, flags)
+            assert batch.spells(text) and batch.render_json(3, orjson.dumps).startswith(b"[{")
+            assert len(batch.tokens(True)) == batch.visible
+    del batch, raw
+    assert [sys.getrefcount(o) for o in shared] == before
