@@ -10,6 +10,7 @@ import asyncio
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import time
 import uuid
@@ -19,6 +20,7 @@ from typing import Any
 
 import aiohttp
 import openai
+import orjson
 import pytest
 import redis.asyncio as aioredis
 from openai.types.responses import ResponseItem
@@ -404,6 +406,38 @@ async def test_sqlite_store_is_safe_for_concurrent_saves(tmp_path):
         assert all([await reopened.get(f"resp_{n}") is not None for n in kept])
     finally:
         await reopened.close()
+
+
+async def test_sqlite_count_pruning_is_exact_across_processes_and_for_files_made_before_the_count(tmp_path):
+    """Two stores on one file (as two workers are) keep exactly the newest max_responses, whichever saved
+    which, and a file written before the row count existed (no response_count table) is counted when opened."""
+    path = tmp_path / "r.sqlite3"
+    old = sqlite3.connect(path)  # the earlier schema, with 7 responses in it
+    old.executescript("CREATE TABLE responses (seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, saved_at REAL "
+                      "NOT NULL, response BLOB NOT NULL, input_items BLOB NOT NULL, events BLOB);")
+    old.executemany("INSERT INTO responses (id, saved_at, response, input_items) VALUES (?, ?, ?, ?)",
+                    [(f"resp_old{n}", time.time(), orjson.dumps(_response(f"resp_old{n}")), b"[]") for n in range(7)])
+    old.commit()
+    old.close()
+    one = SQLiteStore(path, ttl_seconds=60, max_responses=5)
+    two = SQLiteStore(path, ttl_seconds=60, max_responses=5)
+    await one.open()
+    await two.open()
+    try:
+        assert await one.get("resp_old6") is not None
+        for n in range(12):
+            await (one if n % 2 else two).save(_response(f"resp_{n}"), [])
+        await one.save(_response("resp_11"), [])  # saved again: replaced, not counted twice
+        db = sqlite3.connect(path)
+        (count,) = db.execute("SELECT COUNT(*) FROM responses").fetchone()
+        (counted,) = db.execute("SELECT n FROM response_count").fetchone()
+        ids = [row[0] for row in db.execute("SELECT id FROM responses ORDER BY seq")]
+        db.close()
+        assert count == counted == 5
+        assert ids == ["resp_7", "resp_8", "resp_9", "resp_10", "resp_11"]
+    finally:
+        await one.close()
+        await two.close()
 
 
 # --- pure pieces ----------------------------------------------------------------------------------------------

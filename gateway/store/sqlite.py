@@ -39,6 +39,14 @@ CREATE TABLE IF NOT EXISTS items (
     response_id TEXT NOT NULL REFERENCES responses (id) ON DELETE CASCADE
 );
 CREATE INDEX IF NOT EXISTS items_response_id ON items (response_id);
+-- How many rows `responses` has, kept by triggers (in every writer's transaction, whichever process):
+-- count pruning needs it at each commit, and finding the max_responses-th newest row by OFFSET walks
+-- that many rows (~4.5 ms a commit with 2,000 stored, ~8.5 with 5,000).
+CREATE TABLE IF NOT EXISTS response_count (n INTEGER NOT NULL);
+CREATE TRIGGER IF NOT EXISTS responses_counted_in AFTER INSERT ON responses
+    BEGIN UPDATE response_count SET n = n + 1; END;
+CREATE TRIGGER IF NOT EXISTS responses_counted_out AFTER DELETE ON responses
+    BEGIN UPDATE response_count SET n = n - 1; END;
 """
 
 
@@ -87,6 +95,16 @@ class SQLiteStore:
         columns = {row[1] for row in db.execute("PRAGMA table_info(responses)")}
         if "events" not in columns:  # a file made before background responses
             db.execute("ALTER TABLE responses ADD COLUMN events BLOB")
+        # A file made before the count (or just made): counted once, under the write lock, so a row another
+        # process adds meanwhile is counted either by its trigger or here, never twice.
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if db.execute("SELECT n FROM response_count").fetchone() is None:
+                db.execute("INSERT INTO response_count (n) SELECT COUNT(*) FROM responses")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
         self._db = db
 
     def _open_reader(self) -> None:
@@ -151,9 +169,11 @@ class SQLiteStore:
                 db.executemany("INSERT OR REPLACE INTO items (key, response_id) VALUES (?, ?)",
                                [(key, response_id) for key in keys])
             db.execute("DELETE FROM responses WHERE saved_at < ?", (now - self.ttl_seconds,))
-            # Everything older than the newest max_responses rows.
-            db.execute("DELETE FROM responses WHERE seq <= (SELECT seq FROM responses ORDER BY seq DESC "
-                       "LIMIT 1 OFFSET ?)", (self.max_responses,))
+            # Everything older than the newest max_responses rows: the oldest rows past the count.
+            (count,) = db.execute("SELECT n FROM response_count").fetchone()
+            if count > self.max_responses:
+                db.execute("DELETE FROM responses WHERE seq IN (SELECT seq FROM responses ORDER BY seq LIMIT ?)",
+                           (count - self.max_responses,))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
