@@ -44,7 +44,7 @@ class EventLog:
     """A background response's events in sequence order (event i has `sequence_number` i), kept as the
     SSE frames a follower is sent, and the stream loop's sink. Followers wake on each append."""
 
-    def __init__(self, save: Save) -> None:
+    def __init__(self, save: Save, on_begin: Callable[[], Awaitable[None]] | None = None) -> None:
         self.events: list[bytes] = []  # one SSE frame per event: `event: <type>\ndata: <json>\n\n`
         self.begun = False
         self.ending = False  # the terminal events exist; the save before they are published is under way
@@ -52,8 +52,7 @@ class EventLog:
         self.final: dict[str, Any] | None = None
         self._save = save
         self._wake = asyncio.Event()
-        # Saves the `in_progress` Response once the upstream answered, for other processes' polls.
-        self.on_begin: Callable[[], Awaitable[None]] | None = None
+        self.on_begin = on_begin  # saves the `in_progress` Response once the upstream answered (other processes poll)
 
     def _publish(self, frames: list[bytes]) -> None:
         self.events += frames
@@ -158,8 +157,7 @@ class BackgroundRuns:
     def start(self, key: str, stream: ResponsesStream, serve: Callable[[EventLog], Awaitable[Any]],
               save: Save) -> BackgroundRun:
         self.admit()
-        run = BackgroundRun(key, stream, EventLog(save))
-        run.log.on_begin = lambda: save(stream.snapshot("in_progress"), None)
+        run = BackgroundRun(key, stream, EventLog(save, lambda: save(stream.snapshot("in_progress"), None)))
         self.runs[key] = run
         run.task = asyncio.create_task(self._run(run, serve, save), name=f"background {stream.response_id}")
         return run

@@ -412,7 +412,6 @@ def completions_call(flavor: Flavor, gen: Generation, upstream_model: str, promp
         parse = functools.partial(completions_step, echoed_prompt=prompt, chat_shaped=flavor.chat_shaped_completions)
     if gen.stream:
         body["stream_options"] = {"include_usage": True}
-    # llama.cpp's chat-shaped completions logprobs are Python's to read.
     if flavor.chat_shaped_completions:  # llama.cpp's chat-shaped completions logprobs are Python's to read
         call = UpstreamCall("/v1/completions", body, parse)
     else:
