@@ -86,3 +86,53 @@ def test_a_long_stream_keeps_its_tokens_packed_and_completes_with_the_deltas_log
     tracemalloc.stop()
     rendered = len(orjson.dumps(completed))
     assert rendered > 300_000 and held < rendered * 0.75, (held, rendered)
+
+
+# A small id table as parse.id_table builds it (a hole: None), and tokens of it: some spelled with the
+# table's bytes (the compiled batch keeps them as ids), some not (another id's bytes, a lossy spelling),
+# some special, some without a plain logprob: each of these sends the rest to the arrays.
+TABLE = (b"a", b"bc", "根".encode()[:2], "根".encode()[2:], b"", b" the", None, b"\xff", b"\n", b"\"q\\")
+_TABLE_IDS = st.sampled_from([i for i, data in enumerate(TABLE) if data is not None])
+
+
+def _table_candidate(draw_id: int, logprob: float) -> Candidate:
+    return Candidate(TABLE[draw_id], logprob, draw_id, Origin.TOKEN_ID)
+
+
+TABLE_CANDIDATE = st.builds(_table_candidate, _TABLE_IDS, st.floats(min_value=-30, max_value=0))
+TABLE_TOKEN = st.builds(
+    lambda token_id, logprob, top, absent: Token(TABLE[token_id], logprob, top, token_id, False, Origin.TOKEN_ID,
+                                                 absent),
+    _TABLE_IDS, st.floats(min_value=-30, max_value=0), st.lists(TABLE_CANDIDATE, max_size=7).map(tuple),
+    st.booleans())
+# Not of the table: bytes that are not the id's, a special token, an id past the table, a sentinel logprob.
+ODD_TOKEN = st.one_of(
+    st.builds(lambda t: t._replace(bytes=t.bytes + b"x"), TABLE_TOKEN),
+    st.builds(lambda t: t._replace(special=True), TABLE_TOKEN),
+    st.builds(lambda t: t._replace(token_id=len(TABLE) + 3), TABLE_TOKEN),
+    st.builds(lambda t: t._replace(logprob=SENTINEL_LOGPROB), TABLE_TOKEN),
+    st.builds(lambda t, c: t._replace(top=(*t.top, c._replace(token_id=None))), TABLE_TOKEN, TABLE_CANDIDATE),
+)
+
+
+@given(st.lists(st.lists(st.one_of(TABLE_TOKEN, TABLE_TOKEN, TABLE_TOKEN, ODD_TOKEN), max_size=12), max_size=6),
+       st.integers(0, 8))
+def test_tokens_kept_by_id_render_exactly_as_the_tokens_given(batches, k):
+    packed = PackedTokens(TABLE)
+    for batch in batches:
+        packed.extend(batch)
+    given_tokens = [token for batch in batches for token in batch]
+    assert len(packed) == len(given_tokens)
+    assert packed.render_json(k) == _render(given_tokens, k) == _render(packed.tokens(), k)
+
+
+def test_a_stream_of_table_tokens_is_kept_as_ids_until_one_is_not():
+    top = (_table_candidate(1, -0.5), _table_candidate(0, -0.1), _table_candidate(1, -0.7))
+    plain = Token(TABLE[5], -0.25, top, 5, False, Origin.TOKEN_ID)
+    packed = PackedTokens(TABLE)
+    packed.extend([plain, plain._replace(top_absent=True)])
+    assert packed.render_json(5) == render_responses_json([plain, plain], 5)
+    lossy = plain._replace(bytes=b" th")  # a spelling the table does not give for id 5
+    packed.extend([lossy])
+    assert packed.render_json(5) == render_responses_json([plain, plain, lossy], 5)
+    assert packed.tokens()[2].bytes == b" th" and len(packed) == 3

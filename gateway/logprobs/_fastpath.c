@@ -13,17 +13,6 @@ static PyObject *key_token, *key_logprob, *key_bytes, *key_top_logprobs, *key_id
 static PyTypeObject *token_type, *candidate_type;
 static PyObject *origin_token_id;
 
-/* A float strictly between the sentinel and +inf: the value every reader and renderer keeps as is. */
-static inline int
-plain_logprob(PyObject *value)
-{
-    if (value == NULL || !PyFloat_CheckExact(value)) {
-        return 0;
-    }
-    double number = PyFloat_AS_DOUBLE(value);
-    return number > SENTINEL_LOGPROB && number < Py_HUGE_VAL; /* NaN fails both */
-}
-
 /* The id of a `token_id:N` string whose id has bytes in `table`, or -1. */
 static Py_ssize_t
 placeholder_id(PyObject *string, PyObject *table)
@@ -767,6 +756,8 @@ static PyMethodDef methods[] = {
      "store_columns(raw) -> (skeleton, table, list_lengths, counts, indices, floats, kind) | None"},
     {"split_body", (PyCFunction)(void (*)(void))fp_split_body, METH_FASTCALL,
      "split_body(raw, completions, table, special_flags) -> (body, TokenBatch) | None"},
+    {"token_batch", (PyCFunction)fp_token_batch, METH_O,
+     "token_batch(table) -> an empty TokenBatch that `append` grows (a stream's tokens)"},
     {NULL, NULL, 0, NULL},
 };
 

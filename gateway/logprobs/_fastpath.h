@@ -65,6 +65,17 @@ utf8_sequence(const unsigned char *s, Py_ssize_t available)
     return length;
 }
 
+/* A float strictly between the sentinel and +inf: the value every reader and renderer keeps as is. */
+static inline int
+plain_logprob(PyObject *value)
+{
+    if (value == NULL || !PyFloat_CheckExact(value)) {
+        return 0;
+    }
+    double number = PyFloat_AS_DOUBLE(value);
+    return number > SENTINEL_LOGPROB && number < Py_HUGE_VAL; /* NaN fails both */
+}
+
 /* A Candidate / Token of Origin.TOKEN_ID (new references; borrowed arguments). */
 PyObject *fp_candidate(PyObject *data, PyObject *logprob, Py_ssize_t id);
 PyObject *fp_token(PyObject *data, PyObject *logprob, PyObject *top, Py_ssize_t id, int special, int top_absent);
@@ -91,6 +102,7 @@ int fp_batch_alternative(PyObject *batch, Py_ssize_t id, double logprob);
 int fp_batch_token(PyObject *batch, Py_ssize_t id, double logprob, int special, int top_absent,
                    Py_ssize_t alternatives_end); /* alternatives_end -1: the alternatives added so far */
 int fp_body_init(PyObject *module);
+PyObject *fp_token_batch(PyObject *module, PyObject *table); /* token_batch(table): an empty batch */
 
 /* _fastpath_store.c */
 PyObject *fp_store_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

@@ -11,6 +11,8 @@
  *     normalized as normalize_candidates does (by id, best logprob first, stable, cut to k).
  * The batch holds only plain values (ids with bytes, logprobs strictly between the sentinel and +inf):
  * the reader declines anything else, so no sentinel is ever rendered here.
+ * A stream's message keeps its tokens in one too (packed.PackedTokens): `append(tokens)` takes Tokens
+ * whose bytes are the table's, and the closing frames' list is `render_json` of it, no Token rebuilt.
  */
 #include "_fastpath.h"
 
@@ -336,6 +338,109 @@ done:
     return result;
 }
 
+/* --- a stream's tokens ------------------------------------------------------------------------------ */
+
+/* The id in slot `id_slot` of a Token or Candidate when it names bytes in the table equal to the record's
+ * own (slot 0), else -1: then its bytes are not the table's and the batch cannot stand for it. */
+static Py_ssize_t
+table_id(const TokenBatch *batch, PyObject *record, Py_ssize_t id_slot)
+{
+    PyObject *data = PyTuple_GET_ITEM(record, 0), *id_object = PyTuple_GET_ITEM(record, id_slot);
+    if (!PyLong_CheckExact(id_object) || !PyBytes_CheckExact(data)) {
+        return -1;
+    }
+    int overflow = 0;
+    long long id = PyLong_AsLongLongAndOverflow(id_object, &overflow);
+    if (overflow || id < 0 || id >= PyTuple_GET_SIZE(batch->table) || id > INT32_MAX) {
+        return -1;
+    }
+    PyObject *known = PyTuple_GET_ITEM(batch->table, (Py_ssize_t)id);
+    if (known != data && (!PyBytes_CheckExact(known) || PyBytes_GET_SIZE(known) != PyBytes_GET_SIZE(data)
+                          || memcmp(PyBytes_AS_STRING(known), PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)) != 0)) {
+        return -1;
+    }
+    return (Py_ssize_t)id;
+}
+
+/* A Token this batch can hold as it renders: not special, bytes and alternatives that are the table's ids,
+ * plain logprobs, at most MAX_CANDIDATES alternatives. */
+static int
+fits(const TokenBatch *batch, PyObject *token)
+{
+    if (!PyTuple_Check(token) || PyTuple_GET_SIZE(token) != 7 || PyTuple_GET_ITEM(token, 4) != Py_False) {
+        return 0;
+    }
+    PyObject *top = PyTuple_GET_ITEM(token, 2), *absent = PyTuple_GET_ITEM(token, 6);
+    if ((absent != Py_True && absent != Py_False) || !PyTuple_CheckExact(top) || PyTuple_GET_SIZE(top) > MAX_CANDIDATES
+        || !plain_logprob(PyTuple_GET_ITEM(token, 1)) || table_id(batch, token, 3) < 0) {
+        return 0;
+    }
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(top); j++) {
+        PyObject *candidate = PyTuple_GET_ITEM(top, j);
+        if (!PyTuple_Check(candidate) || PyTuple_GET_SIZE(candidate) != 4
+            || !plain_logprob(PyTuple_GET_ITEM(candidate, 1)) || table_id(batch, candidate, 2) < 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* append(tokens: list[Token]) -> bool: every token appended (True), or none (False) when one does not fit
+ * (see `fits`): the caller then keeps them another way. What the batch renders for them is what
+ * render_responses_json renders for the Tokens; tokens() gives them back as the id readers make them. */
+static PyObject *
+batch_append(TokenBatch *batch, PyObject *tokens)
+{
+    if (!PyList_CheckExact(tokens)) {
+        PyErr_SetString(PyExc_TypeError, "append(tokens: list)");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(tokens);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (!fits(batch, PyList_GET_ITEM(tokens, i))) {
+            Py_RETURN_FALSE;
+        }
+    }
+    Py_ssize_t tokens_before = batch->count, alternatives_before = batch->alternative_count;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *token = PyList_GET_ITEM(tokens, i), *top = PyTuple_GET_ITEM(token, 2);
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(top); j++) {
+            PyObject *candidate = PyTuple_GET_ITEM(top, j);
+            if (fp_batch_alternative((PyObject *)batch, table_id(batch, candidate, 2),
+                                     PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(candidate, 1))) < 0) {
+                goto failed;
+            }
+        }
+        if (fp_batch_token((PyObject *)batch, table_id(batch, token, 3), PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(token, 1)),
+                           0, PyTuple_GET_ITEM(token, 6) == Py_True, -1) < 0) {
+            goto failed;
+        }
+    }
+    Py_RETURN_TRUE;
+failed: /* out of memory partway: the batch is left as it was */
+    batch->count = tokens_before;
+    batch->alternative_count = alternatives_before;
+    return NULL;
+}
+
+PyObject *
+fp_token_batch(PyObject *module, PyObject *table)
+{
+    if (!PyTuple_CheckExact(table)) {
+        PyErr_SetString(PyExc_TypeError, "token_batch(table: tuple)");
+        return NULL;
+    }
+    return fp_batch_new(table);
+}
+
+static PyObject *
+batch_nbytes(TokenBatch *batch, void *closure)
+{
+    size_t per_token = sizeof(int32_t) + sizeof(double) + 1 + sizeof(Py_ssize_t);
+    size_t per_alternative = sizeof(int32_t) + sizeof(double);
+    return PyLong_FromSize_t((size_t)batch->capacity * per_token + (size_t)batch->alternative_capacity * per_alternative);
+}
+
 static PyObject *
 batch_visible(TokenBatch *batch, void *closure)
 {
@@ -348,6 +453,7 @@ batch_visible(TokenBatch *batch, void *closure)
 
 static PyGetSetDef batch_getset[] = {
     {"visible", (getter)batch_visible, NULL, "How many tokens are not special (spell text).", NULL},
+    {"nbytes", (getter)batch_nbytes, NULL, "Bytes held by the arrays (their capacity).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -358,6 +464,8 @@ static PyMethodDef batch_methods[] = {
      "spells(text) -> bool: the visible tokens' bytes are exactly text's UTF-8."},
     {"render_json", (PyCFunction)(void (*)(void))batch_render_json, METH_FASTCALL,
      "render_json(k, dumps) -> bytes: render_responses_json(tokens(True), k)."},
+    {"append", (PyCFunction)batch_append, METH_O,
+     "append(tokens) -> bool: all appended, or none when one is not the plain id shape."},
     {NULL, NULL, 0, NULL},
 };
 

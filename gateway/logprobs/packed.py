@@ -10,6 +10,11 @@ that render to the same entries byte for byte (`tokens()`), so the list is rende
 Rendering reads a token's `bytes`, `logprob` and `top`, and of each alternative its `bytes`,
 `logprob` and `token_id` (de-duplication); the rest (origin, `special`, the token's own id) is not
 kept. A token of another shape (a logprob that is not a float, an id beyond 32 bits) is kept whole.
+
+Given the vocabulary's id table, and with the compiled twin built, tokens whose bytes are the table's
+(what the id readers make of vLLM's `token_id:N`) are kept as ids alone, in a `TokenBatch`, appended
+in C and rendered from it in C (`render_json`): no Token is built again at the end. The first token
+that is not of that shape moves them all to the arrays above, which then keep the rest.
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ from collections.abc import Iterable
 from itertools import accumulate, chain
 from operator import itemgetter
 
+import orjson
+
+from gateway.logprobs.compiled import fastpath
+from gateway.logprobs.render import render_responses_json
 from gateway.logprobs.tokens import Candidate, Origin, Token
 
 _ID_MAX = 2**32 - 2  # ids are kept + 1 in 32 bits
@@ -33,10 +42,14 @@ class PackedTokens:
     would cost more than rendering them); a batch holding a token of another shape goes one by one.
     """
 
-    __slots__ = ("_alt_data", "_alt_ends", "_alt_ids", "_alt_values", "_counts", "_data", "_ends", "_recent",
-                 "_values", "_whole")
+    __slots__ = ("_alt_data", "_alt_ends", "_alt_ids", "_alt_values", "_counts", "_data", "_ends", "_ids",
+                 "_recent", "_table", "_values", "_whole")
 
-    def __init__(self) -> None:
+    def __init__(self, table: tuple[bytes | None, ...] | None = None) -> None:
+        # The vocabulary's id -> bytes table (parse.id_table): tokens of it are kept as ids (`_ids`) while
+        # every token so far is; `_table` None once they are not (or with no table or no compiled twin).
+        self._table = table if fastpath is not None else None
+        self._ids = None
         self._data = bytearray()  # the tokens' bytes, one after another
         self._ends = array("I")  # where each token's bytes end in `_data`
         self._values = array("d")  # each token's logprob, as given (NaN: None)
@@ -49,16 +62,25 @@ class PackedTokens:
         self._recent: list[Token] = []  # not packed yet
 
     def __len__(self) -> int:
-        return len(self._counts) + len(self._recent)
+        return len(self._counts) + len(self._recent) + (0 if self._ids is None else len(self._ids))
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the arrays (tokens kept whole or not packed yet not counted)."""
         arrays = (self._ends, self._values, self._alt_ends, self._alt_values, self._alt_ids)
         return (len(self._data) + len(self._alt_data) + len(self._counts)
-                + sum(a.itemsize * len(a) for a in arrays))
+                + sum(a.itemsize * len(a) for a in arrays) + (0 if self._ids is None else self._ids.nbytes))
 
     def extend(self, tokens: Iterable[Token]) -> None:
+        if self._table is not None:
+            if self._ids is None:
+                self._ids = fastpath.token_batch(self._table)
+            if type(tokens) is list and self._ids.append(tokens):
+                return
+            # Not all of the table's: every token from here on goes to the arrays, the ids' first.
+            self._table = None
+            tokens = [*self._ids.tokens(), *tokens]
+            self._ids = None
         recent = self._recent
         recent.extend(tokens)
         if len(recent) >= _BATCH:
@@ -118,8 +140,16 @@ class PackedTokens:
             self._alt_ids.append(0 if cand_id is None else cand_id + 1)
         self._counts.append(len(top))
 
+    def render_json(self, k: int) -> bytes:
+        """`render_responses_json(tokens, k)` of the tokens given, byte for byte."""
+        if self._ids is not None:
+            return self._ids.render_json(k, orjson.dumps)
+        return render_responses_json(self.tokens(), k)
+
     def tokens(self) -> list[Token]:
         """The tokens, each as it renders (`render_responses` gives the entries the originals gave)."""
+        if self._ids is not None:
+            return self._ids.tokens()
         self._pack()
         new = tuple.__new__
         ids = [i - 1 if i else None for i in self._alt_ids]

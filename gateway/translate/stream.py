@@ -25,6 +25,7 @@ import orjson
 from gateway.canonical.step import ToolCallDelta, UpstreamFormatError
 from gateway.logprobs.compiled import TokenBatch
 from gateway.logprobs.packed import PackedTokens
+from gateway.logprobs.parse import id_table
 from gateway.logprobs.render import render_responses, render_responses_json
 from gateway.logprobs.tokens import Token
 from gateway.logprobs.vocab import Vocab
@@ -100,11 +101,11 @@ class _MessageLogprobs:
     rendered from its flat arrays, no Token built.
     """
 
-    def __init__(self, k: int, serialized: bool) -> None:
+    def __init__(self, k: int, serialized: bool, table: tuple[bytes | None, ...] | None = None) -> None:
         self.k = k
         self.serialized = serialized
         self._dicts: list[dict[str, Any]] = []
-        self._packed = PackedTokens()  # the tokens of the deltas sent so far (serialized)
+        self._packed = PackedTokens(table)  # the tokens of the deltas sent so far (serialized)
         self._waiting: list[Token] = []
         self._batch: TokenBatch | None = None  # kept before any other token: stands for its visible tokens
         self._joined: orjson.Fragment | None = None
@@ -145,6 +146,8 @@ class _MessageLogprobs:
             return self._dicts
         if self._joined is None and self._batch is not None:
             self._joined = orjson.Fragment(self._batch.render_json(self.k, orjson.dumps))
+        if self._joined is None and not self._waiting:
+            self._joined = orjson.Fragment(self._packed.render_json(self.k))
         if self._joined is None:
             tokens = self._packed.tokens() if len(self._packed) else []
             self._joined = orjson.Fragment(render_responses_json(tokens + self._waiting, self.k))
@@ -168,7 +171,8 @@ class ResponsesStream:
         self.created_at = created_at if created_at is not None else int(time.time())
         self._sequence = 0
         self._text: list[str] = []
-        self._logprobs = _MessageLogprobs(settings.top_logprobs, serialized)
+        table = id_table(vocab)[0] if vocab is not None and serialized and deltas else None
+        self._logprobs = _MessageLogprobs(settings.top_logprobs, serialized, table)
         self._with_deltas = deltas
         self._grouper = TextGrouper(vocab)
         # Output items in order: the message (as _MESSAGE), reasoning items and function calls.
