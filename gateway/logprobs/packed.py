@@ -48,7 +48,7 @@ class PackedTokens:
     def __init__(self, table: tuple[bytes | None, ...] | None = None) -> None:
         # The vocabulary's id -> bytes table (parse.id_table): tokens of it are kept as ids (`_ids`) while
         # every token so far is; `_table` None once they are not (or with no table or no compiled twin).
-        self._table = table if fastpath is not None else None
+        self._table = table if _token_batch is not None else None
         self._ids = None
         self._data = bytearray()  # the tokens' bytes, one after another
         self._ends = array("I")  # where each token's bytes end in `_data`
@@ -74,7 +74,7 @@ class PackedTokens:
     def extend(self, tokens: Iterable[Token]) -> None:
         if self._table is not None:
             if self._ids is None:
-                self._ids = fastpath.token_batch(self._table)
+                self._ids = _token_batch(self._table)
             if type(tokens) is list and self._ids.append(tokens):
                 return
             # Not all of the table's: every token from here on goes to the arrays, the ids' first.
@@ -171,6 +171,8 @@ class PackedTokens:
 
 
 _BATCH = 32
+# (getattr: an extension built before token_batch existed, e.g. a tree rebased but not rebuilt, packs in Python)
+_token_batch = getattr(fastpath, "token_batch", None)
 _EXACT = Origin.EXACT
 _bytes = itemgetter(0)
 _logprob = itemgetter(1)
