@@ -17,6 +17,7 @@ from aiohttp import web
 
 from gateway.config import Config
 from gateway.errors import GatewayError
+from gateway.translate.response_object import random_hex
 
 log = logging.getLogger("responses_gateway.access")
 
@@ -55,7 +56,7 @@ def _error_body(status: int, message: str, code: str | None, type_: str = "inval
 async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Accept a sane X-Request-Id or make one; return it; log one JSON line per request."""
     given = request.headers.get(REQUEST_ID_HEADER, "")
-    request_id = given if _SAFE_REQUEST_ID.fullmatch(given) else os.urandom(16).hex()
+    request_id = given if _SAFE_REQUEST_ID.fullmatch(given) else random_hex(16)
     request["request_id"] = request_id
     request["log"] = {}
     started = time.perf_counter()
