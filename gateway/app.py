@@ -30,7 +30,7 @@ from gateway.errors import GatewayError, bad_request, upstream_error, upstream_t
 from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.parse import ParseOptions
 from gateway.loop_lag import LoopLag
-from gateway.memory import upstream_read_bufsize
+from gateway.memory import configured_read_bufsize, stream_read_bufsize, upstream_read_bufsize
 from gateway.metrics import Metrics, ReportCounters
 from gateway.middleware import (
     REQUEST_ID_HEADER,
@@ -69,6 +69,7 @@ class GatewayState:
     routes: dict[str, Route]
     metrics: Metrics = field(default_factory=Metrics)
     session: aiohttp.ClientSession | None = None
+    read_bufsize: int | None = None  # RESPONSES_GATEWAY_UPSTREAM_READ_BUFSIZE if set: one size for all
     draining: bool = False
     in_flight: int = 0
     started_at: int = field(default_factory=lambda: int(time.time()))
@@ -236,6 +237,7 @@ class _Exchange:
     step_usage: dict[str, Any] | None = None
     # Awaited once the final output exists, before the client gets it (the response store queues its save here).
     on_final: Callable[[], Awaitable[None]] | None = None
+    read_bufsize: int | None = None  # the upstream response's read size if not the session's (gateway.memory)
 
     def labels(self) -> tuple[str, str, str, str]:
         return (self.route.model, self.route.upstream_name, self.front_door, "true" if self.stream else "false")
@@ -274,7 +276,8 @@ async def serve_generation(request: web.Request, front_door: str, gen: Generatio
         raise
     metrics = state.metrics
     exchange = _Exchange(route, front_door, gen.stream, metrics.report_counters(route.model, route.upstream_name),
-                         on_final=on_final)
+                         on_final=on_final, read_bufsize=stream_read_bufsize(gen.max_tokens, state.read_bufsize)
+                         if gen.stream else None)
     request["log"].update(model=route.model, upstream=route.upstream_name, stream=gen.stream)
     in_flight = metrics.child(metrics.in_flight, front_door)
     in_flight.inc()
@@ -431,7 +434,7 @@ async def _open_upstream(request: web.Request, state: GatewayState, exchange: _E
         async with asyncio.timeout_at(deadline):
             headers = _upstream_headers(request, route, state.config)
             response = await state.session.post(replica.url + call.path, data=orjson.dumps(call.body),
-                                                timeout=timeout, headers=headers)
+                                                timeout=timeout, headers=headers, read_bufsize=exchange.read_bufsize)
             if response.status < 400 and exchange.stream:
                 batches = await _first_events(exchange, replica, response, deadline)
     except aiohttp.ConnectionTimeoutError:  # (a TimeoutError too) the gateway's own connect budget
@@ -807,6 +810,7 @@ async def _on_startup(app: web.Application) -> None:
     _tune_gc()
     state = app[STATE]
     # How much of each upstream response is read ahead of the translator (memory vs. throughput).
+    state.read_bufsize = configured_read_bufsize(os.environ)
     state.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=256),
                                           read_bufsize=upstream_read_bufsize(os.environ))
     state.probes.append(asyncio.create_task(state.loop_lag.run()))

@@ -19,11 +19,19 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from aiohttp import web
 
 READ_BUFSIZE_ENV = "RESPONSES_GATEWAY_UPSTREAM_READ_BUFSIZE"
-# aiohttp's default. Each upstream response buffers up to twice this before reading pauses: 8192
-# measured 256 streams of 100 tokens at ~152 MB peak instead of ~172 and of 1,000 tokens at ~285
-# instead of ~390, but 15-25% fewer streams/s when the gateway is CPU-bound on long streams (more,
-# smaller reads and writes), so the smaller buffer is the operator's choice, not the default.
+# Each upstream response buffers up to twice its read size before reading pauses; a gateway that is
+# CPU-bound behind a fast upstream holds that much per stream (measured, 256 concurrent 1,000-token
+# k=5 streams: peak RSS ~312 MB with 65536, ~241 with 16384, ~220 with 8192; streams/s on 1,000-token
+# streams at c=64: -8% with 16384, -20% with 8192, more reads of fewer frames each). So a stream that
+# may run long (no token cap, or one above LONG_STREAM_TOKENS) reads 16 KB at a time: its memory stays
+# bounded however long it runs. A short answer's whole body (~60 KB at 100 tokens, k=5) is freed within
+# moments, and a smaller read would only cost it CPU (-10% streams/s at 100 tokens, c=64), so it and
+# every non-streamed body keep aiohttp's 64 KB. Behind an upstream slower than the gateway (a GPU
+# server under load) each read holds what has arrived, a frame or two, whatever the size. The
+# environment variable sets one size for every upstream response instead.
 DEFAULT_READ_BUFSIZE = 1 << 16
+LONG_STREAM_READ_BUFSIZE = 1 << 14
+LONG_STREAM_TOKENS = 256
 IDLE_TRIM_ENV = "RESPONSES_GATEWAY_IDLE_TRIM_SECONDS"
 DEFAULT_IDLE_TRIM_SECONDS = 1.0
 # Trim only after the RSS grew this much since the last trim: an idle gateway does not trim in a loop.
@@ -75,9 +83,14 @@ def idle_trim_seconds(environ: Mapping[str, str]) -> float:
 
 def upstream_read_bufsize(environ: Mapping[str, str]) -> int:
     """aiohttp's `read_bufsize` for upstream responses (`RESPONSES_GATEWAY_UPSTREAM_READ_BUFSIZE`, bytes)."""
+    return configured_read_bufsize(environ) or DEFAULT_READ_BUFSIZE
+
+
+def configured_read_bufsize(environ: Mapping[str, str]) -> int | None:
+    """`RESPONSES_GATEWAY_UPSTREAM_READ_BUFSIZE` in bytes if it is set (checked), else None."""
     raw = environ.get(READ_BUFSIZE_ENV, "").strip()
     if not raw:
-        return DEFAULT_READ_BUFSIZE
+        return None
     try:
         size = int(raw)
     except ValueError:
@@ -85,6 +98,15 @@ def upstream_read_bufsize(environ: Mapping[str, str]) -> int:
     if not 1024 <= size <= 1 << 24:
         raise ValueError(f"{READ_BUFSIZE_ENV} must be a whole number of bytes from 1024 to 16777216, not {raw!r}")
     return size
+
+
+def stream_read_bufsize(max_tokens: int | None, configured: int | None) -> int | None:
+    """The read size for one streamed upstream response, if not the session's (None): a stream with no
+    token cap or one above LONG_STREAM_TOKENS reads LONG_STREAM_READ_BUFSIZE at a time, unless the
+    operator configured one size for all (`configured`)."""
+    if configured is not None or (max_tokens is not None and max_tokens <= LONG_STREAM_TOKENS):
+        return None
+    return LONG_STREAM_READ_BUFSIZE
 
 
 def resident_bytes() -> int:

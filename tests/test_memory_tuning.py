@@ -191,3 +191,45 @@ def test_demo_refuses_a_bad_read_buffer_size_as_serve_does(monkeypatch, capsys):
     monkeypatch.setenv(memory.READ_BUFSIZE_ENV, "big")
     assert cli.main(["demo"]) == 2
     assert memory.READ_BUFSIZE_ENV in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- long streams read less ahead
+
+
+@pytest.mark.parametrize(("max_tokens", "configured", "size"), [
+    (None, None, memory.LONG_STREAM_READ_BUFSIZE), (257, None, memory.LONG_STREAM_READ_BUFSIZE),
+    (256, None, None), (16, None, None), (None, 8192, None), (4096, 65536, None)])
+def test_a_stream_that_may_run_long_reads_less_ahead_unless_one_size_is_configured(max_tokens, configured, size):
+    assert memory.stream_read_bufsize(max_tokens, configured) == size
+
+
+@pytest.mark.parametrize(("stream", "max_tokens", "configured", "limits"), [
+    (True, None, None, (16384, 32768)), (True, 1000, None, (16384, 32768)), (True, 8, None, (65536, 131072)),
+    (False, 1000, None, (65536, 131072)), (True, 1000, "8192", (8192, 16384))])
+async def test_the_upstream_response_of_a_long_stream_is_read_16_kb_at_a_time(
+        monkeypatch, aiohttp_server, demo_vocab, stream, max_tokens, configured, limits):
+    """What the gateway's upstream responses really buffer (aiohttp's reader limits), per request."""
+    from gateway.app import STATE
+    from tests.e2e import start_stack
+
+    if configured is None:
+        monkeypatch.delenv(memory.READ_BUFSIZE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(memory.READ_BUFSIZE_ENV, configured)
+    stack = await start_stack(aiohttp_server, demo_vocab)
+    session = stack.gateway.app[STATE].session
+    seen: list[tuple[int, int]] = []
+    post = session.post
+
+    async def recording_post(*args, **kwargs):
+        response = await post(*args, **kwargs)
+        seen.append(response.content.get_read_buffer_limits())
+        return response
+
+    monkeypatch.setattr(session, "post", recording_post)
+    request = {"model": stack.model, "input": "hi", "stream": stream, "max_output_tokens": max_tokens}
+    async with session.__class__() as client, client.post(stack.url("/v1/responses"), json=request,
+                                                          headers={"Authorization": "Bearer test-key"}) as reply:
+        assert reply.status == 200, await reply.text()
+        await reply.read()
+    assert seen == [limits]
