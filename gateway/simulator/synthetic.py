@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.logprobs.vocab import Vocab
+from gateway.simulator.floats import f32
 
 NUM_CANDIDATES = 25  # alternatives per position besides the sampled token
 OUTSIDE_TOP = 20  # vLLM's default --max-logprobs: ranks beyond it are never in a top-k list
@@ -42,12 +43,14 @@ class Position:
         """What vLLM's engine stores for this position when asked for k logprobs (-1 = all).
 
         The sampled token comes first, then the true top-k; a sampled token that is also in
-        the top-k is not repeated, so the dict has k or k+1 entries.
+        the top-k is not repeated, so the dict has k or k+1 entries. Values are what vLLM sends: the
+        exact double of a float32 (`.tolist()` of its float32 tensor), full length, as in the real capture
+        tests/captures/real/vllm-0.32.0-qwen2-tiny.json (not the 6-decimal values drawn here).
         """
-        entries: dict[int, float] = {self.sampled: self.sampled_logprob}
+        entries: dict[int, float] = {self.sampled: f32(self.sampled_logprob)}
         top = self.ranked if k < 0 else self.ranked[:k]
         for token_id, logprob in top:
-            entries.setdefault(token_id, logprob)
+            entries.setdefault(token_id, f32(logprob))
         return entries
 
     def top(self, n: int) -> tuple[tuple[int, float], ...]:
