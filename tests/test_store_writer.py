@@ -211,27 +211,3 @@ async def test_sigterm_writes_every_queued_response_before_exiting(aiohttp_serve
         if process.returncode is None:
             process.kill()
             await process.wait()
-
-
-@pytest.mark.parametrize("linger", [0.25, 0.0])
-async def test_saves_that_find_the_writer_idle_share_one_commit(tmp_path, linger):
-    """Four answers finishing a few milliseconds apart (as requests in flight together do) share one
-    commit while the writer lingers (by default 5 ms; longer here, so that a slow machine cannot split
-    them); without it they are not committed together. The SQLite store stamps every row of a commit
-    with the same `saved_at`."""
-    assert WriteBehind(SQLiteStore(tmp_path / "unused", ttl_seconds=1, max_responses=1)).linger == 0.005
-    response = _long_message_ending(True)[-1]["response"]
-    path = tmp_path / "r.sqlite3"
-    store = WriteBehind(SQLiteStore(path, ttl_seconds=3600, max_responses=100), linger=linger)
-    await store.open()
-    try:
-        for n in range(4):
-            await store.save({**response, "id": f"resp_{n}"}, [])
-            await asyncio.sleep(0.004)
-        await store.flush()
-    finally:
-        await store.close()
-    with sqlite3.connect(path) as db:
-        stamps = [row[0] for row in db.execute("SELECT saved_at FROM responses")]
-    assert len(stamps) == 4
-    assert len(set(stamps)) == 1 if linger else len(set(stamps)) > 1, stamps
