@@ -30,7 +30,7 @@ from gateway.errors import GatewayError, bad_request, upstream_error, upstream_t
 from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.parse import ParseOptions
 from gateway.loop_lag import LoopLag
-from gateway.memory import configured_read_bufsize, stream_read_bufsize, upstream_read_bufsize
+from gateway.memory import DEFAULT_READ_BUFSIZE, configured_read_bufsize, stream_read_bufsize
 from gateway.metrics import Metrics, ReportCounters
 from gateway.middleware import (
     REQUEST_ID_HEADER,
@@ -812,7 +812,7 @@ async def _on_startup(app: web.Application) -> None:
     # How much of each upstream response is read ahead of the translator (memory vs. throughput).
     state.read_bufsize = configured_read_bufsize(os.environ)
     state.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=256),
-                                          read_bufsize=upstream_read_bufsize(os.environ))
+                                          read_bufsize=state.read_bufsize or DEFAULT_READ_BUFSIZE)
     state.probes.append(asyncio.create_task(state.loop_lag.run()))
     start_probes(state)
 

@@ -21,7 +21,7 @@ from aiohttp import web
 READ_BUFSIZE_ENV = "RESPONSES_GATEWAY_UPSTREAM_READ_BUFSIZE"
 # Each upstream response buffers up to twice its read size before reading pauses; a gateway that is
 # CPU-bound behind a fast upstream holds that much per stream (measured, 256 concurrent 1,000-token
-# k=5 streams: peak RSS ~312 MB with 65536, ~241 with 16384, ~220 with 8192; streams/s on 1,000-token
+# k=5 streams: peak RSS ~312 MB with 65536, ~234-261 with 16384, ~220 with 8192; streams/s on 1,000-token
 # streams at c=64: -8% with 16384, -20% with 8192, more reads of fewer frames each). So a stream that
 # may run long (no token cap, or one above LONG_STREAM_TOKENS) reads 16 KB at a time: its memory stays
 # bounded however long it runs. A short answer's whole body (~60 KB at 100 tokens, k=5) is freed within

@@ -10,6 +10,7 @@ import asyncio
 import json
 import sys
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -228,7 +229,7 @@ async def test_the_upstream_response_of_a_long_stream_is_read_16_kb_at_a_time(
 
     monkeypatch.setattr(session, "post", recording_post)
     request = {"model": stack.model, "input": "hi", "stream": stream, "max_output_tokens": max_tokens}
-    async with session.__class__() as client, client.post(stack.url("/v1/responses"), json=request,
+    async with aiohttp.ClientSession() as client, client.post(stack.url("/v1/responses"), json=request,
                                                           headers={"Authorization": "Bearer test-key"}) as reply:
         assert reply.status == 200, await reply.text()
         await reply.read()

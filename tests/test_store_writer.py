@@ -211,3 +211,18 @@ async def test_sigterm_writes_every_queued_response_before_exiting(aiohttp_serve
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_the_memory_store_keeps_a_long_response_compact_and_reads_it_back_exactly():
+    """The in-process store keeps store.codec's compact form, as SQLite and Redis do: a 1,000-token k=5
+    Response (~0.4 MB of JSON, ~2.5 MB as parsed dicts) takes less than a fifth of its JSON."""
+    from gateway.store.memory import MemoryStore
+
+    response = _long_message_ending(True)[-1]["response"]
+    raw = orjson.dumps(response)
+    store = MemoryStore(ttl_seconds=3600, max_responses=10)
+    await store.save(response, [{"type": "message", "role": "user", "content": "hi"}])
+    kept = store._entries[response["id"]][1]
+    assert type(kept) is bytes and len(raw) > 300_000 and len(kept) < len(raw) / 5, (len(kept), len(raw))
+    assert orjson.dumps(await store.get(response["id"])) == raw
+    assert await store.input_items(response["id"]) == [{"type": "message", "role": "user", "content": "hi"}]
