@@ -9,6 +9,7 @@ plain vLLM shape is always taken. Skips where the extension was not built (no co
 import json
 import math
 import sys
+from decimal import Decimal
 
 import orjson
 import pytest
@@ -143,6 +144,39 @@ def test_any_float_spelling_reads_as_orjson_reads_it(value, template):
         assert split[1][0].logprob == expected
     else:
         assert expected <= -9999.0 or "e" in spelled  # only the sentinel or a 3-digit exponent is left to Python
+
+
+@given(st.floats(min_value=-9998.0, max_value=0.0, allow_nan=False, width=32))
+@settings(max_examples=600)
+def test_float32_logprobs_as_vllm_prints_them_read_as_orjson_reads_them(value):
+    """Real vLLM and llama.cpp send float32 logprobs printed in full (`-0.5733780264854431`, 16-17 digits):
+    past Clinger's 15, read by the compiled reader's exact path, never by Python's (~2,000 instructions)."""
+    raw = b'{"choices":[{"logprobs":{"content":[{"token":"token_id:7","logprob":%s}]}}]}' % repr(value).encode()
+    split = _split(raw)
+    expected = orjson.loads(raw)["choices"][0]["logprobs"]["content"][0]["logprob"]
+    assert split is not None
+    assert split[1][0].logprob.hex() == expected.hex()
+
+
+@given(st.integers(1, 10**19 - 1), st.integers(0, 27), st.booleans())
+@settings(max_examples=1500)
+def test_long_digit_strings_read_as_orjson_reads_them(digits, decimals, near_halfway):
+    """Up to 19 significant digits, the decimal point anywhere: the exact reader proves its double or leaves
+    the number to Python, never a neighbour; `near_halfway` spells the midpoint between two doubles."""
+    if near_halfway:  # the exact midpoint above some double, written out (Python's Decimal is exact)
+        low = float(f"{digits}e-{decimals}") if decimals else float(digits)
+        text = format((Decimal(low) + Decimal(math.ulp(low)) / 2), "f")
+        if len(text.replace(".", "").lstrip("0")) > 19:
+            text = text[:21]
+    else:
+        text = str(digits).rjust(decimals + 1, "0")
+        text = f"{text[:len(text) - decimals]}.{text[len(text) - decimals:]}" if decimals else text + ".0"
+    raw = b'{"choices":[{"logprobs":{"content":[{"token":"token_id:7","logprob":-%s}]}}]}' % text.encode()
+    expected = orjson.loads(raw)["choices"][0]["logprobs"]["content"][0]["logprob"]
+    split = _split(raw)
+    if expected > -9999.0:
+        assert split is not None
+        assert split[1][0].logprob.hex() == expected.hex(), text
 
 
 @pytest.mark.parametrize("raw", [

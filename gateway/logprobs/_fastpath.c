@@ -7,6 +7,10 @@
  */
 #include "_fastpath.h"
 
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+
 static PyObject *key_token, *key_logprob, *key_bytes, *key_top_logprobs, *key_id, *key_special;
 
 /* Set once by configure(): the Token and Candidate classes and the Origin members. */
@@ -737,6 +741,125 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(candidate_type, (PyTypeObject *)Py_NewRef(args[1]));
     Py_XSETREF(origin_token_id, Py_NewRef(args[2]));
     Py_RETURN_NONE;
+}
+
+/* --- decimal numbers (the body scanner's logprobs, the store scanner's column) ------------------------- */
+
+/* Whether c (positive, normal) is the double nearest to D / 10^f, proven with exact integer arithmetic:
+ * D / 10^f lies strictly between the midpoints to c's neighbours. 0 when it does not, or when the
+ * numbers are too large to tell here (the caller then asks Python's reader). */
+static int
+nearest_double(uint64_t digits, int f, uint64_t power_of_five, double c)
+{
+#ifdef __SIZEOF_INT128__
+    typedef unsigned __int128 u128;
+    if (!(c >= DBL_MIN && c <= DBL_MAX)) {
+        return 0;
+    }
+    int exponent;
+    double fraction = frexp(c, &exponent);
+    uint64_t m = (uint64_t)ldexp(fraction, 53); /* c = m * 2^(exponent - 53), m in [2^52, 2^53) */
+    int q = exponent - 53;
+    int bits = 64 - __builtin_clzll(digits);
+    /* X = D / (5^f 2^f) against (2m + 1) 2^(q - 1), then against the lower midpoint (2m - 1) 2^(q - 1), or
+     * (4m - 1) 2^(q - 2) when c is a power of two (the neighbour below has half the spacing). */
+    for (int side = 0; side < 2; side++) {
+        uint64_t odd = side == 0 ? 2 * m + 1 : (m == (1ULL << 52) ? 4 * m - 1 : 2 * m - 1);
+        int s = f + q - (side == 1 && m == (1ULL << 52) ? 2 : 1);
+        u128 left = digits, right = (u128)odd * power_of_five;
+        if (s < 0) {
+            if (bits - s > 127) {
+                return 0;
+            }
+            left <<= -s;
+        }
+        else {
+            if (s > 10) { /* right is at least 2^52 * 2^s: past 2^64 > D, but say so only where it is plain */
+                return 0;
+            }
+            right <<= s;
+        }
+        if (side == 0 ? !(left < right) : !(left > right)) {
+            return 0;
+        }
+    }
+    return 1;
+#else
+    (void)digits, (void)f, (void)power_of_five, (void)c;
+    return 0;
+#endif
+}
+
+/* float(text) for the text of a JSON number (checked to be one already), without Python's reader for the
+ * usual spellings: up to 19 significant digits and up to 27 decimals (after the exponent), which covers the
+ * full-precision text of float32 logprobs as vLLM and llama.cpp print them (17 digits, past the 15 of
+ * Clinger's fast path; Python's reader takes ~2,000 instructions for each). The quotient is exact for D < 2^53 and f <= 22 (both
+ * exact doubles, one correctly rounded division); otherwise it is within an ulp or two and
+ * nearest_double proves it or a neighbour right. 0 when it cannot (Python's reader then decides). */
+int
+fp_read_decimal(const unsigned char *p, const unsigned char *end, double *value)
+{
+    static const double powers_of_ten[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12,
+                                           1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22, 1e23,
+                                           1e24, 1e25, 1e26, 1e27};
+    int negative = *p == '-';
+    p += negative;
+    uint64_t digits = 0;
+    int significant = 0, decimals = 0, in_fraction = 0;
+    for (; p < end && ((*p >= '0' && *p <= '9') || *p == '.'); p++) {
+        if (*p == '.') {
+            in_fraction = 1;
+            continue;
+        }
+        if (digits != 0 || *p != '0') {
+            if (++significant > 19) {
+                return 0;
+            }
+            digits = digits * 10 + (uint64_t)(*p - '0');
+        }
+        decimals += in_fraction;
+    }
+    if (p < end) { /* e[-+]?\d+ */
+        p++;
+        int minus = p < end && *p == '-';
+        p += p < end && (*p == '-' || *p == '+');
+        int exponent = 0;
+        for (; p < end; p++) {
+            if (exponent > 1000) {
+                return 0;
+            }
+            exponent = exponent * 10 + (*p - '0');
+        }
+        decimals += minus ? exponent : -exponent;
+    }
+    if (digits == 0) {
+        *value = negative ? -0.0 : 0.0;
+        return 1;
+    }
+    if (decimals < 0 || decimals > 27) {
+        return 0;
+    }
+    double quotient = (double)digits / powers_of_ten[decimals];
+    if (!(digits < (1ULL << 53) && decimals <= 22)) {
+        uint64_t power_of_five = 1;
+        for (int i = 0; i < decimals; i++) {
+            power_of_five *= 5; /* 5^27 < 2^63 */
+        }
+        if (!nearest_double(digits, decimals, power_of_five, quotient)) {
+            double below = nextafter(quotient, 0.0), above = nextafter(quotient, DBL_MAX);
+            if (nearest_double(digits, decimals, power_of_five, below)) {
+                quotient = below;
+            }
+            else if (nearest_double(digits, decimals, power_of_five, above)) {
+                quotient = above;
+            }
+            else {
+                return 0;
+            }
+        }
+    }
+    *value = negative ? -quotient : quotient;
+    return 1;
 }
 
 static PyMethodDef methods[] = {

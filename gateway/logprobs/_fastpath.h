@@ -82,6 +82,8 @@ PyObject *fp_token(PyObject *data, PyObject *logprob, PyObject *top, Py_ssize_t 
 int fp_check_ready(PyObject *table, PyObject *flags);
 Py_ssize_t fp_placeholder_text(const char *text, Py_ssize_t length, PyObject *table);
 char *fp_write_token_string(char *out, const unsigned char *s, Py_ssize_t n); /* writes at most 5n + 2 */
+/* The double a JSON number's text [p, end) reads as (correctly rounded); 0 for a spelling left to Python. */
+int fp_read_decimal(const unsigned char *p, const unsigned char *end, double *value);
 
 #define FP_ENTRY_OVERHEAD 64 /* the keys, quotes, brackets and commas of one rendered entry */
 /* The head of one rendered entry ({"token":..,"logprob":..,"bytes":[..]), and the numbers dumps wrote. */

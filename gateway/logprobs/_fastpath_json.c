@@ -258,44 +258,9 @@ strict_placeholder(Reader *r, PyObject *table)
     return strict_string(r, &text, &length) ? fp_placeholder_text(text, length, table) : -1;
 }
 
-/* `-ddd.ddd` with at most 15 digits in all, as a double, by Clinger's fast path: the digits as an integer
- * and the power of ten are both exact doubles, so one IEEE division gives the correctly rounded value
- * (the one every correct reader gives). 0 for any other spelling (exponents, long digit strings). */
-static int
-exact_decimal(const char *text, Py_ssize_t length, double *value)
-{
-    static const double powers_of_ten[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12,
-                                           1e13, 1e14, 1e15};
-    const char *p = text, *end = text + length;
-    int negative = p < end && *p == '-';
-    p += negative;
-    long long digits = 0;
-    int count = 0, fraction = -1;
-    for (; p < end; p++) {
-        if (*p == '.') {
-            if (fraction >= 0) {
-                return 0;
-            }
-            fraction = 0;
-            continue;
-        }
-        if (*p < '0' || *p > '9' || ++count > 15) {
-            return 0; /* an exponent, or more digits than a double holds exactly */
-        }
-        digits = digits * 10 + (*p - '0');
-        fraction += fraction >= 0;
-    }
-    if (fraction < 0) {
-        fraction = 0;
-    }
-    double result = (double)digits / powers_of_ten[fraction];
-    *value = negative ? -result : result;
-    return 1;
-}
-
 /* A float logprob strictly between the sentinel and +inf (plain_logprob's rule) into *value: 1; 0 when it
- * is anything else (an error set only if reading failed). Short decimals by exact_decimal, the rest by
- * Python's own correctly rounded reader: either way the double orjson gives. */
+ * is anything else (an error set only if reading failed). The usual spellings by fp_read_decimal, the rest
+ * by Python's own correctly rounded reader: either way the double orjson gives. */
 static int
 strict_logprob_value(Reader *r, double *result)
 {
@@ -307,7 +272,7 @@ strict_logprob_value(Reader *r, double *result)
         return 0;
     }
     double value;
-    if (!exact_decimal(text, length, &value)) {
+    if (!fp_read_decimal((const unsigned char *)text, (const unsigned char *)text + length, &value)) {
         memcpy(buffer, text, (size_t)length);
         buffer[length] = '\0';
         char *stop;
