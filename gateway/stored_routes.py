@@ -123,9 +123,12 @@ class Turn:
         """Awaited by the serving loop once the final Response exists, before it is sent: it queues the save
         (the SQLite and Redis stores commit after the answer; see gateway.store.writer). A background
         response saves its own: `response` whatever its status (queued at first, then final), with
-        `events`; only a completed or incomplete one keeps input items (only those can be continued)."""
+        `events`; only a completed or incomplete one keeps input items (only those can be continued). Those
+        saves return once committed: the run shows each status only after every process over the store
+        reads it (a poll elsewhere never goes back from `completed` to `in_progress`)."""
         if self.store is None:
             return
+        durable = response is not None
         if response is None:
             response = self.front.final_response if self.front is not None else None
             if response is None or response.get("status") not in STORED_STATUSES:
@@ -133,7 +136,7 @@ class Turn:
         continued = response.get("status") in STORED_STATUSES
         try:
             items = [*self.replayed, *stored_input_items(self.given_input)] if continued else []
-            await self.store.save(response, items, events)
+            await self.store.save(response, items, events, durable=durable)
         except Exception:
             log.exception("could not store response %s", response.get("id"))
 

@@ -226,3 +226,49 @@ async def test_the_memory_store_keeps_a_long_response_compact_and_reads_it_back_
     assert type(kept) is bytes and len(raw) > 300_000 and len(kept) < len(raw) / 5, (len(kept), len(raw))
     assert orjson.dumps(await store.get(response["id"])) == raw
     assert await store.input_items(response["id"]) == [{"type": "message", "role": "user", "content": "hi"}]
+@pytest.mark.parametrize("linger", [0.25, 0.0])
+async def test_saves_that_find_the_writer_idle_share_one_commit(tmp_path, linger):
+    """Four answers finishing a few milliseconds apart (as requests in flight together do) share one
+    commit while the writer lingers (by default 5 ms; longer here, so that a slow machine cannot split
+    them); without it they are not committed together. The SQLite store stamps every row of a commit
+    with the same `saved_at`."""
+    assert WriteBehind(SQLiteStore(tmp_path / "unused", ttl_seconds=1, max_responses=1)).linger == 0.005
+    response = _long_message_ending(True)[-1]["response"]
+    path = tmp_path / "r.sqlite3"
+    store = WriteBehind(SQLiteStore(path, ttl_seconds=3600, max_responses=100), linger=linger)
+    await store.open()
+    try:
+        for n in range(4):
+            await store.save({**response, "id": f"resp_{n}"}, [])
+            await asyncio.sleep(0.004)
+        await store.flush()
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as db:
+        stamps = [row[0] for row in db.execute("SELECT saved_at FROM responses")]
+    assert len(stamps) == 4
+    assert len(set(stamps)) == 1 if linger else len(set(stamps)) > 1, stamps
+
+
+async def test_a_durable_save_returns_once_another_process_reads_it(tmp_path):
+    """A background response's saves are durable: each status it shows is committed first, so a second
+    process over the same file never reads an older version after the first has shown a newer one (the
+    race the writer's linger widened: a poll there read `in_progress` after this one served `completed`
+    from its queue). A plain save returns while its commit still waits for the linger."""
+    response = _long_message_ending(True)[-1]["response"]
+    path = tmp_path / "r.sqlite3"
+    store = WriteBehind(SQLiteStore(path, ttl_seconds=3600, max_responses=100), linger=0.25)
+    other = SQLiteStore(path, ttl_seconds=3600, max_responses=100)
+    await store.open()
+    await other.open()
+    try:
+        await store.save({**response, "id": "resp_1", "status": "in_progress"}, [], durable=True)
+        assert (await other.get("resp_1"))["status"] == "in_progress"
+        await store.save({**response, "id": "resp_1", "status": "completed"}, [])
+        assert (await store.get("resp_1"))["status"] == "completed"  # from the queue
+        assert (await other.get("resp_1"))["status"] == "in_progress"  # not committed yet: lingering
+        await store.save({**response, "id": "resp_1", "status": "completed"}, [], durable=True)
+        assert (await other.get("resp_1"))["status"] == "completed"
+    finally:
+        await other.close()
+        await store.close()

@@ -28,9 +28,12 @@ class ResponseStore(Protocol):
     async def flush(self) -> None:
         """Return once every save made so far is committed (or has failed and been logged)."""
 
-    async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None) -> None:
+    async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None, *,
+                   durable: bool = False) -> None:
         """Keep (or replace) the Response under its `id`, with the input items that produced it and, for
-        a background response, its stream's events (a JSON array) for replay."""
+        a background response, its stream's events (a JSON array) for replay. `durable`: return only once it
+        is committed, so that every process over the store reads this version from then on (a write-behind
+        store otherwise returns when it is queued; the others commit before they return anyway)."""
 
     async def get(self, response_id: str) -> dict[str, Any] | None:
         """The stored Response, or None when unknown, deleted or expired."""
@@ -64,10 +67,11 @@ class ScopedStore:
     def _key(self, response_id: str) -> str:
         return self.prefix + response_id
 
-    async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None) -> None:
+    async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None, *,
+                   durable: bool = False) -> None:
         if not self.prefix:
-            return await self.store.save(response, input_items, events)
-        await self.store.save({**response, "id": self._key(response["id"])}, input_items, events)
+            return await self.store.save(response, input_items, events, durable=durable)
+        await self.store.save({**response, "id": self._key(response["id"])}, input_items, events, durable=durable)
 
     async def get(self, response_id: str) -> dict[str, Any] | None:
         found = await self.store.get(self._key(response_id))

@@ -34,7 +34,8 @@ class MemoryStore:
         self._entries.clear()
         self._items.clear()
 
-    async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None) -> None:
+    async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None, *,
+                   durable: bool = False) -> None:
         now = self._clock()
         response_id = response["id"]
         self._entries.pop(response_id, None)

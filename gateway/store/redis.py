@@ -63,7 +63,8 @@ class RedisStore:
             await self._client.aclose()
             self._client = None
 
-    async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None) -> None:
+    async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None, *,
+                   durable: bool = False) -> None:
         """Save one Response now (the gateway saves through store.writer's queue instead)."""
         await self.write_batch([Write.encoding(response, input_items, events)])
 

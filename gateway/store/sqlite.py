@@ -147,7 +147,8 @@ class SQLiteStore:
 
     # --- operations (each runs on the worker thread) ----------------------------------------------
 
-    async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None) -> None:
+    async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None, *,
+                   durable: bool = False) -> None:
         """Save and commit one Response now (the gateway saves through store.writer's queue instead)."""
         # Encoded here, on the loop, so the handler's dicts are never read from another thread.
         await self.write_batch([Write.encoding(response, input_items, events)])

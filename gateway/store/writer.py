@@ -5,7 +5,9 @@ dicts are never read again and the queue holds ~45 KB for a 1,000-token k=5 Resp
 of JSON) and returns: the client gets its answer without waiting for the disk or the network. One writer
 task per store takes everything pending, up to `batch_size`, and hands it to the backend's
 `write_batch` (SQLite: one transaction; Redis: one pipelined round trip), then the next batch:
-under load many Responses share a commit, idle a save is committed at once.
+under load many Responses share a commit. A batch that is not full is taken `linger` (5 ms) after
+the writer woke, so that saves finishing together share its commit and thread hop; reads never wait
+for that (a pending save is served from the queue).
 
 Bounded: at most `queue_size` saves wait. When the queue is full, `save` waits for room, so the
 request that saves (its answer not yet sent, or its stream's terminal event not yet written) is held
@@ -17,6 +19,8 @@ so a store that is down cannot hold the writer for one timeout per save); a save
 logged with its id and counted (`gateway_store_write_failures_total`), never dropped silently.
 
 Read your own writes:
+- A `durable` save (a background response's: each status it shows) returns once committed, so no other
+  process reads an older version after this one has shown it.
 - In this process, a save still queued (or in the batch being written) is served from memory: every
   read (`get`, `input_items`, `events`, `item_owner`) looks there first, and `delete` waits for it.
 - Across processes (workers on one SQLite file, replicas on one Redis), a read that misses an id
@@ -144,12 +148,14 @@ class WriteBehind:
     """A ResponseStore over a `BatchBackend`: saves queued and group-committed, reads that see them."""
 
     def __init__(self, backend: BatchBackend, *, queue_size: int = 1024, batch_size: int = 256,
-                 read_wait: float = 2.0, horizon: float = 3600.0, counters: StoreCounters | None = None) -> None:
+                 read_wait: float = 2.0, horizon: float = 3600.0, counters: StoreCounters | None = None,
+                 linger: float = 0.005) -> None:
         self.backend = backend
         self.queue_size = queue_size
         self.batch_size = batch_size
         self.read_wait = read_wait
         self.horizon = horizon
+        self.linger = linger
         self.counters: StoreCounters = counters or _NoCounters()
         self._queue: deque[Write] = deque()
         self._pending: dict[str, Write] = {}  # the newest queued or in-flight write of each id
@@ -193,7 +199,8 @@ class WriteBehind:
 
     # --- saving ---------------------------------------------------------------------------------
 
-    async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None) -> None:
+    async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None, *,
+                   durable: bool = False) -> None:
         if self._task is None or self._closing:
             raise RuntimeError("the response store is closed")
         write = Write.deferred(response, input_items, events)
@@ -207,6 +214,8 @@ class WriteBehind:
             self._pending_items[key] = write.response_id
         self.counters.queued(len(self._queue))
         self._wake.set()
+        if durable:
+            await write.done.wait()
 
     async def _writer(self) -> None:
         while True:
@@ -216,6 +225,10 @@ class WriteBehind:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if self.linger > 0 and len(self._queue) < self.batch_size and not self._closing:
+                # A save that finds the writer idle waits a moment for the saves of the requests in
+                # flight beside it: one commit (and one thread hop) for them all, not one each.
+                await asyncio.sleep(self.linger)
             batch = [self._queue.popleft() for _ in range(min(self.batch_size, len(self._queue)))]
             self._room.set()
             self.counters.queued(len(self._queue))
