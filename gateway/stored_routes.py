@@ -32,9 +32,11 @@ from gateway.errors import GatewayError, bad_request
 from gateway.middleware import bearer_token, json_response
 from gateway.sse import sse_headers
 from gateway.store import Item, ResponseStore, ScopedStore, caller_tag, open_store, page_items
+from gateway.store.codec import LogprobList
 from gateway.translate.fronts import FrontTranslator
 from gateway.translate.input_items import replayed_items, stored_input_items, without_logprobs
 from gateway.translate.request import LOGPROBS_INCLUDE
+from gateway.translate.stream import ResponsesStream
 
 log = logging.getLogger("responses_gateway.store")
 
@@ -83,6 +85,7 @@ class RecordingFront:
     def __init__(self, inner: FrontTranslator) -> None:
         self.inner = inner
         self.final_response: dict[str, Any] | None = None
+        self.logprob_lists: list[LogprobList] = []  # its logprobs as rendered from a batch (store.codec)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -90,11 +93,17 @@ class RecordingFront:
     def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
         events = self.inner.finish(finish_reason, usage)
         self.final_response = events[-1]["response"]  # the terminal event carries the full Response
+        self._keep_lists()
         return events
 
     def final(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
         self.final_response = self.inner.final(finish_reason, usage)
+        self._keep_lists()
         return self.final_response
+
+    def _keep_lists(self) -> None:
+        stream = getattr(self.inner, "stream", None)
+        self.logprob_lists = stream.logprob_lists() if isinstance(stream, ResponsesStream) else []
 
 
 @dataclass(slots=True)
@@ -129,14 +138,16 @@ class Turn:
         if self.store is None:
             return
         durable = response is not None
+        lists: list[LogprobList] = []
         if response is None:
             response = self.front.final_response if self.front is not None else None
+            lists = self.front.logprob_lists if self.front is not None else []
             if response is None or response.get("status") not in STORED_STATUSES:
                 return
         continued = response.get("status") in STORED_STATUSES
         try:
             items = [*self.replayed, *stored_input_items(self.given_input)] if continued else []
-            await self.store.save(response, items, events, durable=durable)
+            await self.store.save(response, items, events, durable=durable, lists=lists)
         except Exception:
             log.exception("could not store response %s", response.get("id"))
 

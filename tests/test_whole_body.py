@@ -228,3 +228,51 @@ def test_the_batch_path_leaks_no_references():
             assert len(batch.tokens(True)) == batch.visible
     del batch, raw
     assert [sys.getrefcount(o) for o in shared] == before
+
+
+# --- the store encodes the Response from the batch --------------------------------------------------
+
+
+def _stored_both_ways(raw: bytes, vocab, completions: bool, k: int, streamed: bool) -> tuple[bytes, bytes, bool]:
+    """(codec.encode of the Response from its batch, codec.encode of its JSON, whether the batch was used).
+    `streamed`: the tokens come as a stream's deltas (PackedTokens' batch) rather than one whole body."""
+    from gateway.store import codec
+
+    options = FLAVOR.parse_options(vocab)
+    try:
+        data = (load_completions_body if completions else load_chat_body)(raw, options)
+        step = (completions_step if completions else chat_step)(data, options, streaming=False)
+    except Exception:
+        return b"", b"", False
+    front = ResponsesFront(ResponseSettings(model="m", top_logprobs=k, include_logprobs=True), vocab,
+                           serialized=True, deltas=streamed)
+    front.start()
+    if streamed and type(step.tokens) is TokenBatch:
+        step.tokens = step.tokens.tokens()  # as a stream's chunks bring them: Tokens, packed as ids again
+    try:
+        front.feed_step(step)
+        body = front.final(step.finish_reason, step.usage)
+    except Exception:
+        return b"", b"", False
+    lists = front.stream.logprob_lists()
+    used = bool(lists) and codec._encode_from_batch(body, lists[0], codec.LEVEL) is not None
+    return codec.encode(body, lists=lists), codec.encode(body), used
+
+
+@given(data=st.data(), streamed=st.booleans())
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_the_store_encodes_a_response_from_its_batch_as_from_its_json(data, streamed, qwen2_vocab, qwen2_ids):
+    """A Response whose logprobs list was rendered from a TokenBatch (a whole body's, or a stream's packed
+    ids) is stored from the batch (no dump of the list to scan): the same bytes as from its JSON."""
+    raw, completions, k = data.draw(bodies(qwen2_vocab, qwen2_ids))
+    from_batch, from_json, _ = _stored_both_ways(raw, qwen2_vocab, completions, k, streamed)
+    assert from_batch == from_json
+
+
+def test_a_plain_answer_is_stored_from_its_batch(qwen2_vocab):
+    """The shape vLLM sends takes the batch path (so the test above compares something), whole or streamed."""
+    ids = qwen2_vocab.encode("Hi there 👋 根据 the plan 🦀. é")
+    raw = _plain_chat_body(qwen2_vocab, ids, 5)
+    for streamed in (False, True):
+        from_batch, from_json, used = _stored_both_ways(raw, qwen2_vocab, False, 5, streamed)
+        assert used and from_batch == from_json and len(from_batch) > 100

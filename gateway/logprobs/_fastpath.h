@@ -108,5 +108,7 @@ PyObject *fp_token_batch(PyObject *module, PyObject *table); /* token_batch(tabl
 
 /* _fastpath_store.c */
 PyObject *fp_store_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* codec._floats: the float column's bytes and its kind (4: float32, 16 + d / 32 + d: units, 8: float64). */
+PyObject *fp_float_column(const double *values, Py_ssize_t count, int *kind);
 
 #endif

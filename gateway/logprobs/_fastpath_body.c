@@ -286,55 +286,240 @@ normalized(const TokenBatch *batch, Py_ssize_t i, Py_ssize_t k, Py_ssize_t *orde
     return count < k ? count : k;
 }
 
-/* render_json(k, dumps) -> bytes: render_responses_json(tokens(visible_only=True), k), byte for byte. */
-static PyObject *
-batch_render_json(TokenBatch *batch, PyObject *const *args, Py_ssize_t nargs)
+/* The entries render_json writes, in writing order (each visible token, then its normalized alternatives):
+ * `kept[i]` the alternatives kept of token i (-1: special, not written), each entry's bytes in `data` and
+ * logprob in `values`; `*bound` grows by what rendering them may take. Returns how many entries. */
+static Py_ssize_t
+written_entries(const TokenBatch *batch, Py_ssize_t k, Py_ssize_t *kept, PyObject **data, double *values,
+                Py_ssize_t *bound)
 {
-    if (nargs != 2 || !PyLong_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "render_json(k: int, dumps)");
-        return NULL;
-    }
-    Py_ssize_t k = PyLong_AsSsize_t(args[0]);
-    if (k == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    Py_ssize_t per_token = 1 + (k <= 0 ? 0 : (k < MAX_CANDIDATES ? k : MAX_CANDIDATES));
-    Py_ssize_t slots = batch->count * per_token + 1;
-    /* Pass 1: every visible token's normalized alternatives, and the floats in writing order. */
-    PyObject **data = PyMem_Malloc(sizeof(PyObject *) * (size_t)slots); /* each written entry's bytes */
-    Py_ssize_t *kept = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(batch->count + 1));
-    PyObject *floats = PyList_New(0), *result = NULL;
-    if (data == NULL || kept == NULL || floats == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    Py_ssize_t total = 0, bound = 2;
+    Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < batch->count; i++) {
         if (batch->flags[i] & TOKEN_SPECIAL) {
             kept[i] = -1;
             continue;
         }
         Py_ssize_t order[MAX_CANDIDATES];
-        double values[MAX_CANDIDATES];
-        Py_ssize_t alternatives = normalized(batch, i, k, order, values);
+        double best[MAX_CANDIDATES];
+        Py_ssize_t alternatives = normalized(batch, i, k, order, best);
         kept[i] = alternatives;
         for (Py_ssize_t j = -1; j < alternatives; j++) {
-            int32_t id = j < 0 ? batch->ids[i] : batch->alternative_ids[order[j]];
-            PyObject *value = PyFloat_FromDouble(j < 0 ? batch->logprobs[i] : values[j]);
-            if (value == NULL || PyList_Append(floats, value) < 0) {
-                Py_XDECREF(value);
-                goto done;
-            }
-            Py_DECREF(value);
-            data[total++] = bytes_of(batch, id);
-            bound += FP_ENTRY_OVERHEAD + 10 * PyBytes_GET_SIZE(bytes_of(batch, id));
+            PyObject *bytes = bytes_of(batch, j < 0 ? batch->ids[i] : batch->alternative_ids[order[j]]);
+            values[total] = j < 0 ? batch->logprobs[i] : best[j];
+            data[total++] = bytes;
+            *bound += FP_ENTRY_OVERHEAD + 10 * PyBytes_GET_SIZE(bytes);
         }
     }
-    result = fp_entries_json(batch->count, kept, data, total, floats, args[1], bound);
+    return total;
+}
+
+/* Room for written_entries: the parsed k, and arrays for every token and entry (NULL: an error is set). */
+typedef struct {
+    Py_ssize_t k, *kept;
+    PyObject **data;
+    double *values;
+} Entries;
+
+static int
+entries_alloc(const TokenBatch *batch, PyObject *k_object, Entries *entries)
+{
+    entries->kept = NULL;
+    entries->data = NULL;
+    entries->values = NULL;
+    if (!PyLong_CheckExact(k_object)) {
+        PyErr_SetString(PyExc_TypeError, "k must be an int");
+        return -1;
+    }
+    Py_ssize_t k = PyLong_AsSsize_t(k_object);
+    if (k == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    Py_ssize_t per_token = 1 + (k <= 0 ? 0 : (k < MAX_CANDIDATES ? k : MAX_CANDIDATES));
+    Py_ssize_t slots = batch->count * per_token + 1;
+    entries->k = k;
+    entries->kept = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(batch->count + 1));
+    entries->data = PyMem_Malloc(sizeof(PyObject *) * (size_t)slots);
+    entries->values = PyMem_Malloc(sizeof(double) * (size_t)slots);
+    if (entries->kept == NULL || entries->data == NULL || entries->values == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void
+entries_free(Entries *entries)
+{
+    PyMem_Free(entries->kept);
+    PyMem_Free(entries->data);
+    PyMem_Free(entries->values);
+}
+
+/* render_json(k, dumps) -> bytes: render_responses_json(tokens(visible_only=True), k), byte for byte. */
+static PyObject *
+batch_render_json(TokenBatch *batch, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "render_json(k: int, dumps)");
+        return NULL;
+    }
+    Entries entries;
+    PyObject *floats = NULL, *result = NULL;
+    if (entries_alloc(batch, args[0], &entries) < 0) {
+        goto done;
+    }
+    Py_ssize_t bound = 2;
+    Py_ssize_t total = written_entries(batch, entries.k, entries.kept, entries.data, entries.values, &bound);
+    if ((floats = PyList_New(total)) == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t e = 0; e < total; e++) {
+        PyObject *value = PyFloat_FromDouble(entries.values[e]);
+        if (value == NULL) {
+            goto done;
+        }
+        PyList_SET_ITEM(floats, e, value);
+    }
+    result = fp_entries_json(batch->count, entries.kept, entries.data, total, floats, args[1], bound);
 done:
-    PyMem_Free(data);
-    PyMem_Free(kept);
+    entries_free(&entries);
     Py_XDECREF(floats);
+    return result;
+}
+
+/* --- the store's columns ---------------------------------------------------------------------------- */
+
+/* Whether the bytes are valid UTF-8 (the store's table keeps those as text). */
+static int
+valid_utf8(const unsigned char *s, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n;) {
+        Py_ssize_t length = s[i] < 0x80 ? 1 : utf8_sequence(s + i, n - i);
+        if (length == 0) {
+            return 0;
+        }
+        i += length;
+    }
+    return 1;
+}
+
+/* store_columns(k) -> (table, list lengths, counts, indices, floats, kind) | None: the parts that
+ * store.codec's scanner (fp_store_columns) finds in render_json(k)'s list, as the one list of a value,
+ * without rendering it: the table of distinct byte strings in order of first appearance (orjson's JSON
+ * of each as text when valid UTF-8, else its byte values), one uint32 list length, a uint8 alternatives
+ * count per entry, a uint32 table index and a logprob per written entry (floats as codec._floats keeps
+ * them). None for an empty list (rendered `[]`, which the scanner leaves in place). */
+static PyObject *
+batch_store_columns(TokenBatch *batch, PyObject *k_object)
+{
+    Entries entries;
+    PyObject *result = NULL, *parts[5] = {NULL, NULL, NULL, NULL, NULL};
+    uint32_t *slots = NULL;
+    PyObject **distinct = NULL;
+    if (entries_alloc(batch, k_object, &entries) < 0) {
+        goto done;
+    }
+    Py_ssize_t bound = 0;
+    Py_ssize_t total = written_entries(batch, entries.k, entries.kept, entries.data, entries.values, &bound);
+    if (total == 0) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (total >= UINT32_MAX / 2) {
+        PyErr_SetString(PyExc_OverflowError, "too many entries for the store's columns");
+        goto done;
+    }
+    Py_ssize_t visible = 0;
+    for (Py_ssize_t i = 0; i < batch->count; i++) {
+        visible += entries.kept[i] >= 0;
+    }
+    uint32_t list_length = (uint32_t)visible;
+    parts[0] = PyBytes_FromStringAndSize((const char *)&list_length, sizeof(list_length));
+    parts[1] = PyBytes_FromStringAndSize(NULL, visible);
+    parts[2] = PyBytes_FromStringAndSize(NULL, total * (Py_ssize_t)sizeof(uint32_t));
+    Py_ssize_t mask = 1;
+    while (mask < 2 * total) {
+        mask <<= 1;
+    }
+    mask -= 1;
+    slots = PyMem_Calloc((size_t)mask + 1, sizeof(uint32_t)); /* table index + 1; 0: empty */
+    distinct = PyMem_Malloc(sizeof(PyObject *) * (size_t)total);
+    if (parts[0] == NULL || parts[1] == NULL || parts[2] == NULL || slots == NULL || distinct == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_NoMemory();
+        }
+        goto done;
+    }
+    uint8_t *counts = (uint8_t *)PyBytes_AS_STRING(parts[1]);
+    for (Py_ssize_t i = 0, c = 0; i < batch->count; i++) {
+        if (entries.kept[i] >= 0) {
+            counts[c++] = (uint8_t)entries.kept[i]; /* at most MAX_CANDIDATES */
+        }
+    }
+    /* The table: one entry per distinct byte string (two ids may spell the same bytes), hashed by content. */
+    uint32_t *indices = (uint32_t *)PyBytes_AS_STRING(parts[2]);
+    Py_ssize_t table_size = 0, table_bound = 2;
+    for (Py_ssize_t e = 0; e < total; e++) {
+        PyObject *bytes = entries.data[e];
+        Py_hash_t hash = PyObject_Hash(bytes); /* cached in the vocabulary's bytes objects */
+        if (hash == -1) {
+            goto done;
+        }
+        Py_ssize_t slot = (Py_ssize_t)((size_t)hash & (size_t)mask);
+        for (; slots[slot] != 0; slot = (slot + 1) & mask) {
+            PyObject *other = distinct[slots[slot] - 1];
+            if (other == bytes || (PyBytes_GET_SIZE(other) == PyBytes_GET_SIZE(bytes)
+                                   && memcmp(PyBytes_AS_STRING(other), PyBytes_AS_STRING(bytes),
+                                             (size_t)PyBytes_GET_SIZE(bytes)) == 0)) {
+                break;
+            }
+        }
+        if (slots[slot] == 0) {
+            distinct[table_size++] = bytes;
+            slots[slot] = (uint32_t)table_size;
+            table_bound += 1 + 5 * PyBytes_GET_SIZE(bytes) + 2;
+        }
+        indices[e] = slots[slot] - 1;
+    }
+    /* orjson.dumps([_plain(data) for data in the table]) */
+    parts[3] = PyBytes_FromStringAndSize(NULL, table_bound);
+    if (parts[3] == NULL) {
+        goto done;
+    }
+    char *out = PyBytes_AS_STRING(parts[3]);
+    *out++ = '[';
+    for (Py_ssize_t t = 0; t < table_size; t++) {
+        const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(distinct[t]);
+        Py_ssize_t n = PyBytes_GET_SIZE(distinct[t]);
+        if (t > 0) {
+            *out++ = ',';
+        }
+        if (valid_utf8(s, n)) {
+            out = fp_write_token_string(out, s, n);
+            continue;
+        }
+        *out++ = '[';
+        for (Py_ssize_t b = 0; b < n; b++) {
+            out += PyOS_snprintf(out, 5, b > 0 ? ",%u" : "%u", (unsigned int)s[b]);
+        }
+        *out++ = ']';
+    }
+    *out++ = ']';
+    if (_PyBytes_Resize(&parts[3], out - PyBytes_AS_STRING(parts[3])) < 0) {
+        goto done;
+    }
+    int kind = 4;
+    if ((parts[4] = fp_float_column(entries.values, total, &kind)) == NULL) {
+        goto done;
+    }
+    result = Py_BuildValue("(OOOOOi)", parts[3], parts[0], parts[1], parts[2], parts[4], kind);
+done:
+    for (int i = 0; i < 5; i++) {
+        Py_XDECREF(parts[i]);
+    }
+    PyMem_Free(slots);
+    PyMem_Free(distinct);
+    entries_free(&entries);
     return result;
 }
 
@@ -464,6 +649,9 @@ static PyMethodDef batch_methods[] = {
      "spells(text) -> bool: the visible tokens' bytes are exactly text's UTF-8."},
     {"render_json", (PyCFunction)(void (*)(void))batch_render_json, METH_FASTCALL,
      "render_json(k, dumps) -> bytes: render_responses_json(tokens(True), k)."},
+    {"store_columns", (PyCFunction)batch_store_columns, METH_O,
+     "store_columns(k) -> (table, list lengths, counts, indices, floats, kind) | None: render_json(k)'s list as "
+     "the store's columns (see store.codec)."},
     {"append", (PyCFunction)batch_append, METH_O,
      "append(tokens) -> bool: all appended, or none when one is not the plain id shape."},
     {NULL, NULL, 0, NULL},

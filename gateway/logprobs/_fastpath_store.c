@@ -454,8 +454,8 @@ python_round(double x)
 
 /* codec._floats: the column's bytes and its kind (4: float32, 16 + d: int32 units of 10^-d, 32 + d: int64
  * units, 8: float64). */
-static PyObject *
-float_column(const double *values, Py_ssize_t count, int *kind)
+PyObject *
+fp_float_column(const double *values, Py_ssize_t count, int *kind)
 {
     Py_ssize_t i = 0;
     for (; i < count && same_double((double)(float)values[i], values[i]); i++) {
@@ -626,7 +626,7 @@ fp_store_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     if (parts[0] == NULL || (parts[1] = table_json(&table)) == NULL || (parts[2] = column_bytes(&list_lengths)) == NULL
         || (parts[3] = column_bytes(&counts)) == NULL || (parts[4] = column_bytes(&indices)) == NULL
-        || (parts[5] = float_column((const double *)values.data, values.count, &kind)) == NULL) {
+        || (parts[5] = fp_float_column((const double *)values.data, values.count, &kind)) == NULL) {
         goto done;
     }
     result = Py_BuildValue("(OOOOOOi)", parts[0], parts[1], parts[2], parts[3], parts[4], parts[5], kind);

@@ -27,7 +27,7 @@ from operator import itemgetter
 
 import orjson
 
-from gateway.logprobs.compiled import fastpath
+from gateway.logprobs.compiled import TokenBatch, fastpath
 from gateway.logprobs.render import render_responses_json
 from gateway.logprobs.tokens import Candidate, Origin, Token
 
@@ -139,6 +139,11 @@ class PackedTokens:
             self._alt_values.append(cand_logprob)
             self._alt_ids.append(0 if cand_id is None else cand_id + 1)
         self._counts.append(len(top))
+
+    @property
+    def batch(self) -> TokenBatch | None:
+        """The TokenBatch that holds every token so far (they are all the table's ids), else None."""
+        return self._ids
 
     def render_json(self, k: int) -> bytes:
         """`render_responses_json(tokens, k)` of the tokens given, byte for byte."""

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any, Literal, Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from gateway.config import Config, ConfigError
+
+if TYPE_CHECKING:
+    from gateway.store.codec import LogprobList
 
 Item = dict[str, Any]
 
@@ -29,11 +33,13 @@ class ResponseStore(Protocol):
         """Return once every save made so far is committed (or has failed and been logged)."""
 
     async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None, *,
-                   durable: bool = False) -> None:
+                   durable: bool = False, lists: Sequence[LogprobList] = ()) -> None:
         """Keep (or replace) the Response under its `id`, with the input items that produced it and, for
         a background response, its stream's events (a JSON array) for replay. `durable`: return only once it
         is committed, so that every process over the store reads this version from then on (a write-behind
-        store otherwise returns when it is queued; the others commit before they return anyway)."""
+        store otherwise returns when it is queued; the others commit before they return anyway). `lists`:
+        the Response's logprobs Fragment with the batch it was rendered from, when the caller has it
+        (store.codec encodes from the batch: the same bytes, without reading the list's JSON back)."""
 
     async def get(self, response_id: str) -> dict[str, Any] | None:
         """The stored Response, or None when unknown, deleted or expired."""
@@ -68,10 +74,11 @@ class ScopedStore:
         return self.prefix + response_id
 
     async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None, *,
-                   durable: bool = False) -> None:
+                   durable: bool = False, lists: Sequence[LogprobList] = ()) -> None:
         if not self.prefix:
-            return await self.store.save(response, input_items, events, durable=durable)
-        await self.store.save({**response, "id": self._key(response["id"])}, input_items, events, durable=durable)
+            return await self.store.save(response, input_items, events, durable=durable, lists=lists)
+        await self.store.save({**response, "id": self._key(response["id"])}, input_items, events, durable=durable,
+                              lists=lists)
 
     async def get(self, response_id: str) -> dict[str, Any] | None:
         found = await self.store.get(self._key(response_id))

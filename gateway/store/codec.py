@@ -26,6 +26,7 @@ import re
 import struct
 import zlib
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -102,11 +103,68 @@ class _Columns:
         return b'"logprobs":%d' % (len(self.list_lengths) - 1)
 
 
-def encode(value: Any, level: int = LEVEL) -> bytes:
-    """`value` (JSON bytes as orjson writes them, or a JSON value) in the compact form."""
+# A logprobs list of a value to encode, as the server holds it: the Fragment of its JSON that the value
+# holds, the TokenBatch it was rendered from (`render_json(k)`), and k.
+LogprobList = tuple[orjson.Fragment, Any, int]
+
+
+def encode(value: Any, level: int = LEVEL, *, lists: Sequence[LogprobList] = ()) -> bytes:
+    """`value` (JSON bytes as orjson writes them, or a JSON value) in the compact form.
+
+    `lists`: the value's logprobs lists that were rendered from a TokenBatch, when the caller has them: the
+    columns are then taken from the batch (`TokenBatch.store_columns`), not found again in the list's JSON
+    (no ~0.45 MB dump of a 1,000-token list to scan), with the same result byte for byte."""
+    if len(lists) == 1 and not isinstance(value, bytes):
+        encoded = _encode_from_batch(value, lists[0], level)
+        if encoded is not None:
+            return encoded
     raw = value if isinstance(value, bytes) else orjson.dumps(value)
     parts = _compiled_columns(raw) if _compiled_columns is not None else None
     return pack(raw, parts if parts is not None else columns(raw), level)
+
+
+_FIRST_LIST = orjson.Fragment(b"0")  # where the skeleton names the value's first (here only) list
+
+
+def _encode_from_batch(value: Any, source: LogprobList, level: int) -> bytes | None:
+    """encode(value) when its one logprobs list is `source`'s Fragment; None when it is not that case (no
+    compiled batch, an empty list, the Fragment not in the value, or another `"logprobs":` key in it)."""
+    fragment, batch, k = source
+    store_columns = getattr(batch, "store_columns", None)
+    skeleton_value = _replaced(value, fragment)
+    if store_columns is None or skeleton_value is _NOT_FOUND:
+        return None
+    found = store_columns(k)
+    if found is None:
+        return None
+    skeleton = orjson.dumps(skeleton_value)
+    if skeleton.count(b'"logprobs":') != 1:  # another list (or number) the scanner would have had to read
+        return None
+    table, list_lengths, counts, indices, floats, kind = found
+    return pack(skeleton, (skeleton, table, list_lengths, counts, indices, floats, kind), level)
+
+
+_NOT_FOUND: Any = object()
+
+
+def _replaced(value: Any, fragment: orjson.Fragment) -> Any:
+    """`value` (not changed) copied along the path to `fragment` (found by identity), which becomes
+    `_FIRST_LIST`; _NOT_FOUND when it is not there."""
+    if value is fragment:
+        return _FIRST_LIST
+    if type(value) is dict:
+        for key, item in value.items():
+            if type(item) is dict or type(item) is list or item is fragment:
+                found = _replaced(item, fragment)
+                if found is not _NOT_FOUND:
+                    return {**value, key: found}
+    elif type(value) is list:
+        for index, item in enumerate(value):
+            if type(item) is dict or type(item) is list or item is fragment:
+                found = _replaced(item, fragment)
+                if found is not _NOT_FOUND:
+                    return [*value[:index], found, *value[index + 1:]]
+    return _NOT_FOUND
 
 
 def columns(raw: bytes) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, int] | None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import copy
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
 
 from gateway.store import Item, codec, item_keys
+from gateway.store.codec import LogprobList
 
 
 class MemoryStore:
@@ -35,7 +36,7 @@ class MemoryStore:
         self._items.clear()
 
     async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None, *,
-                   durable: bool = False) -> None:
+                   durable: bool = False, lists: Sequence[LogprobList] = ()) -> None:
         now = self._clock()
         response_id = response["id"]
         self._entries.pop(response_id, None)
@@ -43,7 +44,8 @@ class MemoryStore:
         # Response compact, as the other backends keep it (~45 KB for 1,000 tokens at k=5, where its
         # parsed dicts took ~2.5 MB: 256 long answers stored ran a gateway past 3 GB).
         keys = item_keys(response, input_items)
-        self._entries[response_id] = (now, codec.encode(response), copy.deepcopy(input_items), events, keys)
+        stored = codec.encode(response, lists=lists)
+        self._entries[response_id] = (now, stored, copy.deepcopy(input_items), events, keys)
         for key in keys:
             self._items[key] = response_id
         cutoff = now - self.ttl_seconds

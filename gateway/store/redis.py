@@ -14,12 +14,14 @@ gateway leaves nothing behind.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.store import Item, StoreError, codec
+from gateway.store.codec import LogprobList
 from gateway.store.writer import Write
 
 
@@ -64,9 +66,9 @@ class RedisStore:
             self._client = None
 
     async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None, *,
-                   durable: bool = False) -> None:
+                   durable: bool = False, lists: Sequence[LogprobList] = ()) -> None:
         """Save one Response now (the gateway saves through store.writer's queue instead)."""
-        await self.write_batch([Write.encoding(response, input_items, events)])
+        await self.write_batch([Write.encoding(response, input_items, events, lists)])
 
     async def write_batch(self, writes: list[Write]) -> None:
         """Every write in one pipelined transaction (one round trip), as encoded (Write.encoding: store.codec)."""

@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 from gateway.store import Item, StoreError, codec
+from gateway.store.codec import LogprobList
 from gateway.store.writer import Write
 
 T = TypeVar("T")
@@ -148,10 +149,10 @@ class SQLiteStore:
     # --- operations (each runs on the worker thread) ----------------------------------------------
 
     async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None, *,
-                   durable: bool = False) -> None:
+                   durable: bool = False, lists: Sequence[LogprobList] = ()) -> None:
         """Save and commit one Response now (the gateway saves through store.writer's queue instead)."""
         # Encoded here, on the loop, so the handler's dicts are never read from another thread.
-        await self.write_batch([Write.encoding(response, input_items, events)])
+        await self.write_batch([Write.encoding(response, input_items, events, lists)])
 
     async def write_batch(self, writes: list[Write]) -> None:
         """All the writes (encoded already: Write.encoding) in one transaction (group commit)."""

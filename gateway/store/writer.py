@@ -37,7 +37,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -55,29 +55,31 @@ class Write:
     response_id: str
     keys: list[str]
     done: asyncio.Event = field(default_factory=asyncio.Event)
-    _values: tuple[dict[str, Any], list[Item], bytes | None] | None = None
+    _values: tuple[dict[str, Any], list[Item], bytes | None, Sequence[codec.LogprobList]] | None = None
     _encoded: tuple[bytes, bytes, bytes | None] | None = None
 
     @classmethod
-    def deferred(cls, response: dict[str, Any], input_items: list[Item], events: bytes | None) -> Write:
+    def deferred(cls, response: dict[str, Any], input_items: list[Item], events: bytes | None,
+                 lists: Sequence[codec.LogprobList] = ()) -> Write:
         """The save, to be encoded by `encode` (WriteBehind.save schedules it right after the caller's
         turn of the loop: after the answer is written, so the ~0.2 ms of a 100-token k=5 Response, ~2 ms
         of a 1,000-token one, is not in the client's latency, while the queue still holds the compact
         form within a loop iteration, not the JSON of every save a burst queues)."""
-        return cls(response["id"], item_keys(response, input_items), _values=(response, input_items, events))
+        return cls(response["id"], item_keys(response, input_items), _values=(response, input_items, events, lists))
 
     @classmethod
-    def encoding(cls, response: dict[str, Any], input_items: list[Item], events: bytes | None) -> Write:
+    def encoding(cls, response: dict[str, Any], input_items: list[Item], events: bytes | None,
+                 lists: Sequence[codec.LogprobList] = ()) -> Write:
         """The save encoded now."""
-        write = cls.deferred(response, input_items, events)
+        write = cls.deferred(response, input_items, events, lists)
         write.encode()
         return write
 
     def encode(self) -> None:
         if self._encoded is None:
             assert self._values is not None
-            response, input_items, events = self._values
-            self._encoded = (codec.encode(response), codec.encode(input_items),
+            response, input_items, events, lists = self._values
+            self._encoded = (codec.encode(response, lists=lists), codec.encode(input_items),
                              None if events is None else codec.encode(events))
             self._values = None  # the handler's dicts go
 
@@ -200,10 +202,10 @@ class WriteBehind:
     # --- saving ---------------------------------------------------------------------------------
 
     async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None, *,
-                   durable: bool = False) -> None:
+                   durable: bool = False, lists: Sequence[codec.LogprobList] = ()) -> None:
         if self._task is None or self._closing:
             raise RuntimeError("the response store is closed")
-        write = Write.deferred(response, input_items, events)
+        write = Write.deferred(response, input_items, events, lists)
         asyncio.get_running_loop().call_soon(write.encode)  # after this turn of the loop: see Write.deferred
         while len(self._queue) >= self.queue_size:  # backpressure: wait for the writer to make room
             self._room.clear()

@@ -109,6 +109,7 @@ class _MessageLogprobs:
         self._waiting: list[Token] = []
         self._batch: TokenBatch | None = None  # kept before any other token: stands for its visible tokens
         self._joined: orjson.Fragment | None = None
+        self._joined_from: TokenBatch | None = None  # the batch `_joined` was rendered from, if one was
 
     def delta(self, tokens: list[Token]) -> Logprobs:
         """The entries of one delta event; its tokens are also kept for the message."""
@@ -117,12 +118,12 @@ class _MessageLogprobs:
             self._dicts.extend(entries)
             return entries
         self._packed.extend(tokens)
-        self._joined = None
+        self._joined = self._joined_from = None
         return orjson.Fragment(render_responses_json(tokens, self.k))
 
     def keep(self, tokens: list[Token]) -> None:
         """Tokens of text that gets no delta event: rendered with the rest when the list is asked for."""
-        self._joined = None
+        self._joined = self._joined_from = None
         if type(tokens) is TokenBatch:
             if self._batch is None and not self._waiting and not len(self._packed):
                 self._batch = tokens
@@ -136,6 +137,13 @@ class _MessageLogprobs:
             self._waiting[:0] = self._batch.tokens(True)
             self._batch = None
 
+    def rendered_from(self) -> tuple[orjson.Fragment, TokenBatch, int] | None:
+        """The list as `whole()` last gave it, with the batch it was rendered from (store.codec encodes the
+        saved Response from that batch), or None when it was not rendered from one."""
+        if self._joined is None or self._joined_from is None:
+            return None
+        return self._joined, self._joined_from, self.k
+
     def whole(self) -> Logprobs:
         if self._batch is not None and (not self.serialized or len(self._packed)):
             self._unbatch()
@@ -146,8 +154,10 @@ class _MessageLogprobs:
             return self._dicts
         if self._joined is None and self._batch is not None:
             self._joined = orjson.Fragment(self._batch.render_json(self.k, orjson.dumps))
+            self._joined_from = self._batch
         if self._joined is None and not self._waiting:
             self._joined = orjson.Fragment(self._packed.render_json(self.k))
+            self._joined_from = self._packed.batch
         if self._joined is None:
             tokens = self._packed.tokens() if len(self._packed) else []
             self._joined = orjson.Fragment(render_responses_json(tokens + self._waiting, self.k))
@@ -398,6 +408,12 @@ class ResponsesStream:
     def logprobs(self) -> Logprobs:
         """The message's entries so far (a Fragment of their JSON when `serialized`)."""
         return self._logprobs.whole()
+
+    def logprob_lists(self) -> list[tuple[orjson.Fragment, TokenBatch, int]]:
+        """The logprobs Fragment the last Response or event holds, with the batch it was rendered from
+        (store.codec.LogprobList), when it was: saving the Response then reads no JSON back."""
+        found = self._logprobs.rendered_from()
+        return [] if found is None else [found]
 
     def _end(self, finish_reason: str | None) -> tuple[list[dict[str, Any]], str, str | None]:
         """Flush held tokens, make sure there is an output item, close the open one."""
