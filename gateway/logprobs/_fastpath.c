@@ -805,19 +805,32 @@ fp_read_decimal(const unsigned char *p, const unsigned char *end, double *value)
     int negative = *p == '-';
     p += negative;
     uint64_t digits = 0;
-    int significant = 0, decimals = 0, in_fraction = 0;
-    for (; p < end && ((*p >= '0' && *p <= '9') || *p == '.'); p++) {
-        if (*p == '.') {
-            in_fraction = 1;
-            continue;
-        }
-        if (digits != 0 || *p != '0') {
-            if (++significant > 19) {
-                return 0;
+    int significant = 0, decimals = 0;
+    /* The integer part, then the fraction's digits (the text is a number: one `.` at most); leading
+     * zeros are not significant, every digit after the point is a decimal. */
+    for (int part = 0; part < 2; part++) {
+        const unsigned char *start = p;
+        for (; p < end; p++) {
+            unsigned int digit = (unsigned int)(*p - '0');
+            if (digit > 9) {
+                break;
             }
-            digits = digits * 10 + (uint64_t)(*p - '0');
+            if (digits != 0 || digit != 0) {
+                if (++significant > 19) {
+                    return 0;
+                }
+                digits = digits * 10 + digit;
+            }
         }
-        decimals += in_fraction;
+        if (part == 1) {
+            decimals = (int)(p - start);
+        }
+        else if (p < end && *p == '.') {
+            p++;
+        }
+        else {
+            break;
+        }
     }
     if (p < end) { /* e[-+]?\d+ */
         p++;

@@ -28,10 +28,20 @@ typedef struct {
     const char *end;
 } Reader;
 
+static inline int
+is_space(char c)
+{
+    return c == ' ' || c == '\n' || c == '\r' || c == '\t';
+}
+
 static inline void
 skip_space(Reader *r)
 {
-    while (r->at < r->end && (*r->at == ' ' || *r->at == '\n' || *r->at == '\r' || *r->at == '\t')) {
+    /* Compact JSON (what servers send) has none: one test for the common case. */
+    if (r->at < r->end && (unsigned char)*r->at > ' ') {
+        return;
+    }
+    while (r->at < r->end && is_space(*r->at)) {
         r->at++;
     }
 }
@@ -121,6 +131,25 @@ is_name(const char *name, Py_ssize_t length, const char *wanted)
 
 /* --- the cut value, parsed strictly --------------------------------------------------------------- */
 
+/* The characters a plain string may hold as they are: printable ASCII but the quote and the backslash. */
+#define PLAIN_ROW(a) a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a
+static const unsigned char PLAIN_CHARS[256] = {
+    PLAIN_ROW(0), PLAIN_ROW(0),                                    /* 0x00-0x1F: control characters */
+    1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,                /* 0x20-0x2F: not the quote */
+    PLAIN_ROW(1), PLAIN_ROW(1),                                    /* 0x30-0x4F */
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1,                /* 0x50-0x5F: not the backslash */
+    PLAIN_ROW(1), PLAIN_ROW(1),                                    /* 0x60-0x7F */
+    PLAIN_ROW(0), PLAIN_ROW(0), PLAIN_ROW(0), PLAIN_ROW(0),        /* 0x80-0xFF: not ASCII */
+    PLAIN_ROW(0), PLAIN_ROW(0), PLAIN_ROW(0), PLAIN_ROW(0),
+};
+#undef PLAIN_ROW
+
+static inline int
+is_plain_char(unsigned char c)
+{
+    return PLAIN_CHARS[c];
+}
+
 /* A plain string: ASCII, printable, no escapes. */
 static int
 strict_string(Reader *r, const char **text, Py_ssize_t *length)
@@ -129,21 +158,17 @@ strict_string(Reader *r, const char **text, Py_ssize_t *length)
     if (r->at >= r->end || *r->at != '"') {
         return 0;
     }
-    const char *start = ++r->at;
-    while (r->at < r->end) {
-        unsigned char c = (unsigned char)*r->at;
-        if (c == '"') {
-            *text = start;
-            *length = r->at - start;
-            r->at++;
-            return 1;
-        }
-        if (c < 0x20 || c >= 0x80 || c == '\\') {
-            return 0;
-        }
-        r->at++;
+    const char *start = ++r->at, *p = start, *end = r->end;
+    while (p < end && is_plain_char((unsigned char)*p)) {
+        p++;
     }
-    return 0;
+    if (p >= end || *p != '"') {
+        return 0; /* the end, a control character, non-ASCII or an escape */
+    }
+    *text = start;
+    *length = p - start;
+    r->at = p + 1;
+    return 1;
 }
 
 /* A member name, plainly spelled (a plain string: see strict_string) and its colon. Escaped names
@@ -230,11 +255,35 @@ small_integers(Reader *r)
 {
     const char *p = r->at, *end = r->end;
     for (;;) {
-        const char *digits = p;
-        while (p < end && *p >= '0' && *p <= '9' && p - digits < 4) {
-            p++;
+        /* With 4 bytes left, a value (1 to 3 digits, no leading zero) and the byte after it are read
+         * without a bounds check each: what a `bytes` list is, hundreds of times in a body. */
+        if (end - p >= 4) {
+            unsigned int first = (unsigned char)p[0] - '0', second = (unsigned char)p[1] - '0';
+            Py_ssize_t digits = 1;
+            if (first > 9) {
+                return 0;
+            }
+            if (second <= 9) {
+                if (first == 0) {
+                    return 0;
+                }
+                digits = (unsigned int)((unsigned char)p[2] - '0') <= 9 ? 3 : 2;
+                if (digits == 3 && (unsigned int)((unsigned char)p[3] - '0') <= 9) {
+                    return 0;
+                }
+            }
+            p += digits;
         }
-        if (p == digits || p - digits == 4 || (*digits == '0' && p - digits > 1) || p == end) {
+        else {
+            const char *digits = p;
+            while (p < end && *p >= '0' && *p <= '9' && p - digits < 4) {
+                p++;
+            }
+            if (p == digits || p - digits == 4 || (*digits == '0' && p - digits > 1) || p == end) {
+                return 0;
+            }
+        }
+        if (p == end) {
             return 0;
         }
         if (*p == ']') {
