@@ -2,6 +2,7 @@
 processes, in the default configuration (store on, SQLite).
 
     .venv/bin/python -m bench.workers               # ~2 minutes: 3 interleaved rounds of each row
+    .venv/bin/python -m bench.workers --wrk --burst # the same with wrk and a bursting upstream (less load beside)
 
 Row: streamed Responses, 100 tokens, k=5, concurrency 64, driven against the direct upstream, the relay
 (`bench.relay --workers N`) and the gateway (`serve --workers N`) back to back (bench/run.py's cells).
@@ -22,13 +23,15 @@ from typing import Any
 
 from bench.canned import Case, record_to_file
 from bench.run import QUICK, ROOT, Plan, _median, _wait_quiet, machine, run_cell, start_stack
+from bench.wrk import available as wrk_available
+from bench.wrk import wrk_cell
 
 CASE, CONCURRENCY = Case("chat", True, 5, 100), 64
 WORKERS = (1, 2)
 
 
-def run(out: Path, rounds: int, duration: float, *, demo_vocab: bool = False, progress: bool = True
-        ) -> dict[str, Any]:
+def run(out: Path, rounds: int, duration: float, *, demo_vocab: bool = False, progress: bool = True,
+        load: str = "aiohttp", burst: bool = False) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     canned_path = out / "canned.json"
     canned = record_to_file([CASE], canned_path, use_qwen2=False if demo_vocab else None)
@@ -36,9 +39,12 @@ def run(out: Path, rounds: int, duration: float, *, demo_vocab: bool = False, pr
     cells: dict[int, list[dict[str, Any]]] = {n: [] for n in WORKERS}
     for round_ in range(rounds):
         for workers in WORKERS:
-            with start_stack(canned, canned_path, out, burst=False, pin=False, store="sqlite",
+            with start_stack(canned, canned_path, out, burst=burst, pin=False, store="sqlite",
                              workers=workers) as stack:
-                cell = run_cell(stack, canned, CASE, CONCURRENCY, plan)
+                if load == "wrk":
+                    cell = wrk_cell(stack, canned, CASE, CONCURRENCY, duration, out)
+                else:
+                    cell = run_cell(stack, canned, CASE, CONCURRENCY, plan)
             cells[workers].append(cell)
             if progress:
                 g, r = cell["gateway"], cell["relay"]
@@ -47,12 +53,13 @@ def run(out: Path, rounds: int, duration: float, *, demo_vocab: bool = False, pr
     summary = {n: {"streams_per_s": _median([c["gateway"]["rps"] for c in cells[n]]),
                    "relay_streams_per_s": _median([c["relay"]["rps"] for c in cells[n]]),
                    "direct_streams_per_s": _median([c["direct"]["rps"] for c in cells[n]]),
-                   "other_load_cores": _median([c["gateway"].get("other_load_cores") or 0 for c in cells[n]]),
+                   "other_load_cores": (None if load == "wrk"  # not measured with wrk
+                                        else _median([c["gateway"].get("other_load_cores") or 0 for c in cells[n]])),
                    "errors": sum(c["gateway"]["errors"] + c["relay"]["errors"] for c in cells[n])}
                for n in WORKERS}
     one, two = summary[1], summary[2]
     return {"machine": machine(), "cpus": len(os.sched_getaffinity(0)), "rounds": rounds, "duration": duration,
-            "vocab": canned["vocab"], "summary": summary,
+            "vocab": canned["vocab"], "summary": summary, "load": load, "burst": burst,
             "scaling": two["streams_per_s"] / one["streams_per_s"],
             "relay_scaling": two["relay_streams_per_s"] / one["relay_streams_per_s"],
             "share_of_relay": two["streams_per_s"] / two["relay_streams_per_s"]}
@@ -61,15 +68,17 @@ def run(out: Path, rounds: int, duration: float, *, demo_vocab: bool = False, pr
 def markdown(report: dict[str, Any], command: str) -> str:
     s = report["summary"]
     lines = [f"`{command}` ({report['rounds']} rounds, medians; vocab {report['vocab']}; {report['cpus']} CPUs; "
-             f"streamed Responses, {CASE.tokens} tokens, k={CASE.k}, c={CONCURRENCY}, store sqlite, unpinned)", "",
+             f"streamed Responses, {CASE.tokens} tokens, k={CASE.k}, c={CONCURRENCY}, store sqlite, unpinned; "
+             f"load generator {report['load']}{', upstream in bursts' if report['burst'] else ''})", "",
              "| workers | gateway streams/s | relay streams/s (same processes) | gateway % of relay | direct upstream "
              "| other load (cores) | errors |",
              "|---|---|---|---|---|---|---|"]
     for n in WORKERS:
         row = s[n]
+        other = "-" if row["other_load_cores"] is None else f"{row['other_load_cores']:.2f}"
         lines.append(f"| {n} | {row['streams_per_s']:.1f} | {row['relay_streams_per_s']:.1f} | "
                      f"{100 * row['streams_per_s'] / row['relay_streams_per_s']:.0f}% | "
-                     f"{row['direct_streams_per_s']:.1f} | {row['other_load_cores']:.2f} | {row['errors']} |")
+                     f"{row['direct_streams_per_s']:.1f} | {other} | {row['errors']} |")
     scaling, share = report["scaling"], report["share_of_relay"]
     met = "met" if scaling >= 1.8 else "MISSED"
     lines += ["", f"Scaling, 2 workers over 1: {scaling:.2f}x (target >= 1.8x: {met}); "
@@ -86,12 +95,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--demo-vocab", action="store_true", help="the demo tokenizer even if Qwen2 is present")
     parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                         help="first wait up to this long for other processes to leave the cores (shared machines)")
+    parser.add_argument("--wrk", action="store_true",
+                        help="drive the targets with wrk (Debian's package; C, far cheaper on shared cores) instead "
+                             "of the aiohttp load generator")
+    parser.add_argument("--burst", action="store_true",
+                        help="the replay upstream writes each stream in one go (cheaper for it on shared cores)")
     args = parser.parse_args(argv)
+    if args.wrk and not wrk_available():
+        parser.error("--wrk: no `wrk` on PATH (Debian: apt-get install wrk)")
     if args.wait_quiet > 0:
         _wait_quiet(args.wait_quiet)
     given = argv if argv is not None else sys.argv[1:]
     command = "python -m bench.workers " + " ".join(shlex.quote(a) for a in given)
-    report = run(args.out, args.rounds, args.duration, demo_vocab=args.demo_vocab)
+    report = run(args.out, args.rounds, args.duration, demo_vocab=args.demo_vocab,
+                 load="wrk" if args.wrk else "aiohttp", burst=args.burst)
     print()
     print(markdown(report, command.strip()))
     return 0 if all(row["errors"] == 0 for row in report["summary"].values()) else 1
