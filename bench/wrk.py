@@ -48,15 +48,18 @@ def available() -> bool:
 
 
 def drive(url: str, body: str, endings: list[str], connections: int, seconds: float, out: Path) -> dict[str, Any]:
-    """`connections` clients posting `body` to `url` for `seconds`: {"rps", "errors"} (errors: answers that
-    were not a 200 ending in one of `endings`, plus wrk's own socket errors and timeouts)."""
+    """`connections` clients posting `body` to `url` for `seconds` (whole seconds, at least 1): {"rps",
+    "errors"} (errors: answers that were not a 200 ending in one of `endings`, plus wrk's own socket errors
+    and timeouts)."""
     script = out / "wrk.lua"
     script.write_text(_SCRIPT.format(body=json.dumps(body), endings=", ".join(json.dumps(e) for e in endings)))
-    argv = ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--timeout", "30s", "-s", str(script), url]
-    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    # wrk takes whole seconds
+    argv = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "30s", "-s", str(script),
+            url]
+    done = subprocess.run(argv, capture_output=True, text=True)
     rps = re.search(r"Requests/sec:\s+([\d.]+)", done.stdout)
     bad = re.search(r"bad answers (\d+)", done.stdout)
-    if rps is None or bad is None:
+    if done.returncode != 0 or rps is None or bad is None:
         raise RuntimeError(f"wrk printed no figures: {done.stdout}\n{done.stderr}")
     socket = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", done.stdout)
     return {"rps": float(rps.group(1)), "errors": int(bad.group(1)) + (sum(map(int, socket.groups())) if socket else 0)}

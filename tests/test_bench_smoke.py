@@ -2,6 +2,9 @@
 well formed and no request fails. No timing is asserted: benchmarks print figures, tests do not judge them."""
 
 import json
+import os
+
+import pytest
 
 from bench.run import SMOKE, TABLE_HEAD, TARGETS, run
 
@@ -54,3 +57,42 @@ def test_workers_benchmark_runs_one_and_two_worker_stacks_with_no_errors(tmp_pat
         assert row["errors"] == 0 and row["streams_per_s"] > 0 and row["relay_streams_per_s"] > 0
     assert report["scaling"] > 0 and report["share_of_relay"] > 0
     assert "| 2 |" in workers.markdown(report, "pytest")
+
+
+def test_wrk_counts_an_answer_without_its_stream_end_or_with_another_status_as_an_error(tmp_path):
+    """bench.workers --wrk: wrk's Lua check sees every wrk thread's answers (each has its own Lua state)."""
+    import shutil
+
+    from bench.canned import Case, record_to_file
+    from bench.run import start_stack
+    from bench.wrk import drive
+
+    if shutil.which("wrk") is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI installs wrk (.ci/run's system-packages phase)")
+        pytest.skip("no wrk on PATH (Debian: apt-get install wrk)")
+    case = Case("chat", True, 5, 20)
+    canned = record_to_file([case], tmp_path / "canned.json", use_qwen2=False)
+    request = canned["cases"][case.key]["responses_request"]
+    with start_stack(canned, tmp_path / "canned.json", tmp_path, burst=True, pin=False, store="none") as stack:
+        url = stack.url("gateway") + "/v1/responses"
+        good = drive(url, request, ["event: response.incomplete"], 4, 0.5, tmp_path)
+        unended = drive(url, request, ["event: response.never"], 4, 0.5, tmp_path)
+        refused = drive(url, "{", ["event: response.incomplete"], 4, 0.5, tmp_path)
+    assert good["rps"] > 0 and good["errors"] == 0
+    assert unended["errors"] > 0 and refused["errors"] > 0
+
+
+def test_workers_benchmark_with_wrk_and_a_bursting_upstream_has_no_errors(tmp_path):
+    import shutil
+
+    from bench import workers
+
+    if shutil.which("wrk") is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI installs wrk (.ci/run's system-packages phase)")
+        pytest.skip("no wrk on PATH (Debian: apt-get install wrk)")
+    report = workers.run(tmp_path, rounds=1, duration=0.5, demo_vocab=True, progress=False, load="wrk", burst=True)
+    for row in report["summary"].values():
+        assert row["errors"] == 0 and row["streams_per_s"] > 0 and row["relay_streams_per_s"] > 0
+    assert "load generator wrk, upstream in bursts" in workers.markdown(report, "pytest")
