@@ -255,7 +255,7 @@ def _stored_both_ways(raw: bytes, vocab, completions: bool, k: int, streamed: bo
     except Exception:
         return b"", b"", False
     lists = front.stream.logprob_lists()
-    used = bool(lists) and codec._encode_from_batch(body, lists[0], codec.LEVEL) is not None
+    used = bool(lists) and codec._columns_from_batch(body, lists[0]) is not None
     return codec.encode(body, lists=lists), codec.encode(body), used
 
 

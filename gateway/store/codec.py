@@ -108,26 +108,38 @@ class _Columns:
 LogprobList = tuple[orjson.Fragment, Any, int]
 
 
+Parts = tuple[bytes, bytes, bytes, bytes, bytes, bytes, int]
+
+
 def encode(value: Any, level: int = LEVEL, *, lists: Sequence[LogprobList] = ()) -> bytes:
     """`value` (JSON bytes as orjson writes them, or a JSON value) in the compact form.
 
     `lists`: the value's logprobs lists that were rendered from a TokenBatch, when the caller has them: the
     columns are then taken from the batch (`TokenBatch.store_columns`), not found again in the list's JSON
     (no ~0.45 MB dump of a 1,000-token list to scan), with the same result byte for byte."""
+    return pack(*columns_of(value, lists=lists), level)
+
+
+def columns_of(value: Any, *, lists: Sequence[LogprobList] = ()) -> tuple[bytes, Parts | None]:
+    """`encode`'s first step, the one that reads the value: (its JSON, or the skeleton, and the parts; None:
+    kept as JSON). `pack` of it is the second, which reads only bytes (the store's writer thread runs it,
+    zlib letting the event loop run meanwhile)."""
     if len(lists) == 1 and not isinstance(value, bytes):
-        encoded = _encode_from_batch(value, lists[0], level)
-        if encoded is not None:
-            return encoded
+        found = _columns_from_batch(value, lists[0])
+        if found is not None:
+            return found
     raw = value if isinstance(value, bytes) else orjson.dumps(value)
     parts = _compiled_columns(raw) if _compiled_columns is not None else None
-    return pack(raw, parts if parts is not None else columns(raw), level)
+    if parts is None:
+        parts = columns(raw)
+    return (raw, None) if parts is None else (parts[0], parts)  # the JSON itself only when kept as JSON
 
 
 _FIRST_LIST = orjson.Fragment(b"0")  # where the skeleton names the value's first (here only) list
 
 
-def _encode_from_batch(value: Any, source: LogprobList, level: int) -> bytes | None:
-    """encode(value) when its one logprobs list is `source`'s Fragment; None when it is not that case (no
+def _columns_from_batch(value: Any, source: LogprobList) -> tuple[bytes, Parts] | None:
+    """columns_of(value) when its one logprobs list is `source`'s Fragment; None when it is not that case (no
     compiled batch, an empty list, the Fragment not in the value, or another `"logprobs":` key in it)."""
     fragment, batch, k = source
     store_columns = getattr(batch, "store_columns", None)
@@ -141,7 +153,7 @@ def _encode_from_batch(value: Any, source: LogprobList, level: int) -> bytes | N
     if skeleton.count(b'"logprobs":') != 1:  # another list (or number) the scanner would have had to read
         return None
     table, list_lengths, counts, indices, floats, kind = found
-    return pack(skeleton, (skeleton, table, list_lengths, counts, indices, floats, kind), level)
+    return skeleton, (skeleton, table, list_lengths, counts, indices, floats, kind)
 
 
 _NOT_FOUND: Any = object()
@@ -182,8 +194,8 @@ def columns(raw: bytes) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, int] 
             counts.tobytes(), array("I", table.indices).tobytes(), floats.tobytes(), kind)
 
 
-def pack(raw: bytes, parts: tuple[bytes, bytes, bytes, bytes, bytes, bytes, int] | None, level: int = LEVEL) -> bytes:
-    """The compact form of `raw` from its `columns` (None: raw kept as JSON), deflated."""
+def pack(raw: bytes, parts: Parts | None, level: int = LEVEL) -> bytes:
+    """The compact form of `raw` from its `columns` (None: raw kept as JSON; else raw is not read), deflated."""
     if parts is None:
         return encode_plain(raw, level)
     *data, kind = parts

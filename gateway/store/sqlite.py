@@ -156,7 +156,11 @@ class SQLiteStore:
 
     async def write_batch(self, writes: list[Write]) -> None:
         """All the writes (encoded already: Write.encoding) in one transaction (group commit)."""
-        await self._run(self._save, [(w.response_id, w.response, w.input_items, w.events, w.keys) for w in writes])
+        await self._run(self._save_writes, writes)
+
+    def _save_writes(self, writes: list[Write]) -> None:
+        # Deflated here, in the writer thread (encoded already: no dict is read here), then committed.
+        self._save([(w.response_id, *w.packed(), w.keys) for w in writes])
 
     def _save(self, rows: list[tuple[str, bytes, bytes, bytes | None, list[str]]]) -> None:
         now = self._clock()

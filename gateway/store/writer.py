@@ -56,6 +56,7 @@ class Write:
     keys: list[str]
     done: asyncio.Event = field(default_factory=asyncio.Event)
     _values: tuple[dict[str, Any], list[Item], bytes | None, Sequence[codec.LogprobList]] | None = None
+    _columns: tuple[tuple[bytes, codec.Parts | None], ...] | None = None  # read from the values, not deflated
     _encoded: tuple[bytes, bytes, bytes | None] | None = None
 
     @classmethod
@@ -72,35 +73,48 @@ class Write:
                  lists: Sequence[codec.LogprobList] = ()) -> Write:
         """The save encoded now."""
         write = cls.deferred(response, input_items, events, lists)
-        write.encode()
+        write.packed()
         return write
 
     def encode(self) -> None:
-        if self._encoded is None:
-            assert self._values is not None
+        """Read the handler's dicts into the codec's columns (on the event loop); deflating them is left to
+        `packed()`, which the SQLite writer thread calls (zlib lets the loop run meanwhile)."""
+        if self._values is not None:
             response, input_items, events, lists = self._values
-            self._encoded = (codec.encode(response, lists=lists), codec.encode(input_items),
-                             None if events is None else codec.encode(events))
+            self._columns = (codec.columns_of(response, lists=lists), codec.columns_of(input_items),
+                             *(() if events is None else (codec.columns_of(events),)))
             self._values = None  # the handler's dicts go
+
+    def packed(self) -> tuple[bytes, bytes, bytes | None]:
+        """The compact form (deflated now if it was not yet; any thread, once `encode` has run)."""
+        encoded = self._encoded
+        if encoded is None:
+            self.encode()
+            columns = self._columns
+            assert columns is not None
+            response, items, *events = (codec.pack(raw, parts) for raw, parts in columns)
+            encoded = self._encoded = (response, items, events[0] if events else None)
+        return encoded
 
     @property
     def response(self) -> bytes:
-        self.encode()
-        return self._encoded[0]  # type: ignore[index]
+        return self.packed()[0]
 
     @property
     def input_items(self) -> bytes:
-        self.encode()
-        return self._encoded[1]  # type: ignore[index]
+        return self.packed()[1]
 
     @property
     def events(self) -> bytes | None:
-        self.encode()
-        return self._encoded[2]  # type: ignore[index]
+        return self.packed()[2]
 
     @property
     def size(self) -> int:
-        return len(self.response) + len(self.input_items) + (0 if self.events is None else len(self.events))
+        """Bytes held: the compact form, or the columns waiting to be deflated."""
+        if self._encoded is not None:
+            return sum(len(part) for part in self._encoded if part is not None)
+        return sum(len(raw) if parts is None else sum(len(p) for p in parts[:-1])  # type: ignore[misc]
+                   for raw, parts in self._columns or ())
 
 
 class BatchBackend(Protocol):
@@ -215,7 +229,7 @@ class WriteBehind:
             # A long answer is encoded now: a 1,000-token stream's save encoded after this turn, while its
             # closing frames go out, left 256 such streams peaking ~50 MB higher (bench.memory: 238-262
             # against 200-205 MB), and ~0.4 ms is little beside the time it took to generate.
-            write.encode()
+            write.packed()
         else:  # after this turn of the loop (the answer written first): see Write.deferred
             asyncio.get_running_loop().call_soon(write.encode)
         while len(self._queue) >= self.queue_size:  # backpressure: wait for the writer to make room
@@ -243,6 +257,8 @@ class WriteBehind:
                 # flight beside it: one commit (and one thread hop) for them all, not one each.
                 await asyncio.sleep(self.linger)
             batch = [self._queue.popleft() for _ in range(min(self.batch_size, len(self._queue)))]
+            for write in batch:
+                write.encode()  # on the loop: the backend may deflate in its own thread, never read the dicts
             self._room.set()
             self.counters.queued(len(self._queue))
             try:
