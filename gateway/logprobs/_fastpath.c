@@ -793,9 +793,10 @@ nearest_double(uint64_t digits, int f, uint64_t power_of_five, double c)
 /* float(text) for the text of a JSON number (checked to be one already), without Python's reader for the
  * usual spellings: up to 19 significant digits and up to 27 decimals (after the exponent), which covers the
  * full-precision text of float32 logprobs as vLLM and llama.cpp print them (17 digits, past the 15 of
- * Clinger's fast path; Python's reader takes ~2,000 instructions for each). The quotient is exact for D < 2^53 and f <= 22 (both
- * exact doubles, one correctly rounded division); otherwise it is within an ulp or two and
- * nearest_double proves it or a neighbour right. 0 when it cannot (Python's reader then decides). */
+ * Clinger's fast path; Python's reader takes ~2,000 instructions for each). The quotient is exact for
+ * D < 2^53 and f <= 22 (both exact doubles, one correctly rounded division); otherwise it is within an
+ * ulp or two and nearest_double proves it or a neighbour right. 0 when it cannot (Python's reader then
+ * decides). */
 int
 fp_read_decimal(const unsigned char *p, const unsigned char *end, double *value)
 {

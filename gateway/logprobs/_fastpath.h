@@ -65,6 +65,20 @@ utf8_sequence(const unsigned char *s, Py_ssize_t available)
     return length;
 }
 
+/* Whether all n bytes at `s` are well-formed UTF-8 (what Python's decoder accepts). */
+static inline int
+utf8_valid(const unsigned char *s, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n;) {
+        Py_ssize_t length = s[i] < 0x80 ? 1 : utf8_sequence(s + i, n - i);
+        if (length == 0) {
+            return 0;
+        }
+        i += length;
+    }
+    return 1;
+}
+
 /* A float strictly between the sentinel and +inf: the value every reader and renderer keeps as is. */
 static inline int
 plain_logprob(PyObject *value)

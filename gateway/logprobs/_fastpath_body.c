@@ -389,20 +389,6 @@ done:
 
 /* --- the store's columns ---------------------------------------------------------------------------- */
 
-/* Whether the bytes are valid UTF-8 (the store's table keeps those as text). */
-static int
-valid_utf8(const unsigned char *s, Py_ssize_t n)
-{
-    for (Py_ssize_t i = 0; i < n;) {
-        Py_ssize_t length = s[i] < 0x80 ? 1 : utf8_sequence(s + i, n - i);
-        if (length == 0) {
-            return 0;
-        }
-        i += length;
-    }
-    return 1;
-}
-
 /* store_columns(k) -> (table, list lengths, counts, indices, floats, kind) | None: the parts that
  * store.codec's scanner (fp_store_columns) finds in render_json(k)'s list, as the one list of a value,
  * without rendering it: the table of distinct byte strings in order of first appearance (orjson's JSON
@@ -494,7 +480,7 @@ batch_store_columns(TokenBatch *batch, PyObject *k_object)
         if (t > 0) {
             *out++ = ',';
         }
-        if (valid_utf8(s, n)) {
+        if (utf8_valid(s, n)) { /* the table keeps valid UTF-8 as text */
             out = fp_write_token_string(out, s, n);
             continue;
         }

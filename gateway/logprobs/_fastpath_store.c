@@ -329,15 +329,7 @@ key_is_usual(Table *table, Key *key)
         data[n++] = (unsigned char)value;
         p += p < end;
     }
-    key->text = 1;
-    for (Py_ssize_t i = 0; i < n;) {
-        Py_ssize_t length = data[i] < 0x80 ? 1 : utf8_sequence(data + i, n - i);
-        if (length == 0) {
-            key->text = 0;
-            break;
-        }
-        i += length;
-    }
+    key->text = utf8_valid(data, n);
     unsigned char *rendered = data + n;
     Py_ssize_t rendered_length = (unsigned char *)fp_write_token_string((char *)rendered, data, n) - rendered;
     return rendered_length == key->token_length && memcmp(rendered, key->token, (size_t)rendered_length) == 0;
