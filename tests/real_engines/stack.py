@@ -40,12 +40,14 @@ class RealStack:
 async def start_gateway(aiohttp_server: Any, engine: Any, *, api: str = "chat",
                         tokenizer: dict[str, str] | None = None, model: str | None = None,
                         upstream_options: dict[str, Any] | None = None,
-                        model_options: dict[str, Any] | None = None, record: bool = True) -> RealStack:
+                        model_options: dict[str, Any] | None = None, record: bool = True,
+                        store: dict[str, Any] | None = None) -> RealStack:
     """The gateway with one route, `model` (default: the served name), to `engine` over `api`.
 
     `tokenizer`: None means the engine's own (vLLM: the model folder's tokenizer files), {} none at all.
     A completions route gets the model folder's chat template (`chat_template.jinja`). `record`: the
-    gateway reaches the server through a `Recorder` (stack.recorder), which keeps what the server sent."""
+    gateway reaches the server through a `Recorder` (stack.recorder), which keeps what the server sent.
+    `store`: the config's `store:` section (default: the memory store)."""
     recorder = Recorder(engine.base_url) if record else None
     base_url = str((await aiohttp_server(recorder.app)).make_url("")).rstrip("/") if recorder else engine.base_url
     tokenizer = engine.tokenizer if tokenizer is None else tokenizer
@@ -59,7 +61,7 @@ async def start_gateway(aiohttp_server: Any, engine: Any, *, api: str = "chat",
     if api == "completions" and template is not None and template.is_file():
         model_config.setdefault("chat_template", str(template))
     config = parse_config({"upstreams": {"real": upstream}, "models": {name: model_config},
-                           "store": {"backend": "memory"}}, base_dir=Path("."))
+                           "store": store or {"backend": "memory"}}, base_dir=Path("."))
     gateway = await aiohttp_server(create_app(config))
     client = AsyncOpenAI(base_url=str(gateway.make_url("/v1")), api_key="test-key",
                          _strict_response_validation=True, max_retries=0)
