@@ -162,6 +162,39 @@ def test_a_100_token_k5_response_over_qwen2_stays_under_8_kb(qwen2_bytes, values
     assert len(raw) > 40_000 and len(_assert_round_trip(raw)) < 8_000
 
 
+
+def test_the_default_level_is_deflated_by_isal_where_installed_and_read_by_stdlib_zlib(qwen2_bytes):
+    """ISA-L writes the store's blobs where it is installed (a dependency on the platforms it has wheels
+    for); the format stays zlib's: stdlib zlib reads them, and what zlib wrote (any level) reads back too."""
+    import importlib.util
+    import zlib
+
+    if importlib.util.find_spec("isal") is not None:
+        assert codec._fast_compress is not None
+    steps = [(i * 31 % 5000, _f32(-0.01 * i), [((i * 17 + j) % 5000, _f32(-2.0 - j)) for j in range(5)])
+             for i in range(100)]
+    raw = _rendered(qwen2_bytes, steps, 5)
+    blob = codec.encode(raw)
+    assert codec.columns_of(raw)[1] is not None  # stored as columns, not as JSON
+    assert zlib.decompress(blob[len(codec.MAGIC):]) == zlib.decompress(codec.encode(raw, 6)[len(codec.MAGIC):])
+    written_by_zlib = codec.MAGIC + zlib.compress(zlib.decompress(blob[len(codec.MAGIC):]), 1)
+    assert orjson.dumps(codec.decode(written_by_zlib)) == orjson.dumps(codec.decode(blob)) == raw
+
+
+def test_a_blob_written_before_the_indices_were_planed_reads_back(qwen2_bytes):
+    """Files written by earlier versions keep the indices column as plain uint32s (no flag in the kind)."""
+    import zlib
+
+    steps = [(i * 31 % 5000, _f32(-0.01 * i), [((i * 17 + j) % 5000, _f32(-2.0 - j)) for j in range(5)])
+             for i in range(100)]
+    raw = _rendered(qwen2_bytes, steps, 5)
+    _, parts = codec.columns_of(raw)
+    assert parts is not None
+    *data, kind = parts
+    old = codec.MAGIC + zlib.compress(codec._HEADER.pack(*(len(part) for part in data), kind) + b"".join(data), 1)
+    assert orjson.dumps(codec.decode(old)) == raw
+    assert len(codec.encode(raw)) < len(old)  # the planes deflate smaller
+
 # --- the compiled scanner against the Python twin, on JSON built to trip either ----------------------
 
 _ENTRY = {"token": "a", "logprob": -1.0, "bytes": [97],
