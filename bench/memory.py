@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     met = peak < TARGET_MB and errors == 0
     print(f"{args.streams} concurrent {args.tokens}-token streams, k=5, store {args.store}: gateway idle "
           f"{idle:.0f} MB, peak RSS {peak:.0f} MB (target < {TARGET_MB:.0f} MB), {result['sent']} streams, "
-          f"{errors} errors: {'met' if met else 'MISSED'}")
+          f"{errors} errors: {'met' if met else 'MISSED'} (speed probe {result['probe_ms']:.2f} ms, bench/speed.py)")
     for example in result.get("error_examples", []):
         print(f"  error: {example}")
     return 0 if met else 1

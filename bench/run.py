@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from bench import procstat
+from bench import procstat, speed
 from bench.canned import Case, gateway_config, record_to_file
 from bench.loop import uvloop_available
 
@@ -256,6 +256,7 @@ def measure(stack: Stack, canned: dict[str, Any], case: Case, target: str, concu
     if middle is not None:
         cpu_pids[target] = middle.pid
         procstat.reset_peak(middle.pid)
+    probe_before = speed.probe_ms()  # before the counters: its own CPU is not the cell's
     before = {name: procstat.cpu_seconds(pid) for name, pid in cpu_pids.items()}
     busy_before = procstat.machine_busy_seconds()
     steal_before = procstat.machine_steal_seconds()
@@ -267,6 +268,8 @@ def measure(stack: Stack, canned: dict[str, Any], case: Case, target: str, concu
     job_wall = time.monotonic() - job_start
     after = {name: procstat.cpu_seconds(pid) for name, pid in cpu_pids.items()}
     used = {name: after[name] - before[name] for name in cpu_pids}
+    # How fast the machine ran around this job (bench/speed.py): the slower of the two probes.
+    result["probe_ms"] = round(max(probe_before, speed.probe_ms()), 3)
     # Cores kept busy by processes outside the benchmark (other jobs on a shared machine): noise.
     result["other_load_cores"] = round(max(0.0, busy - sum(used.values())) / max(job_wall, 1e-9), 2)
     result["steal_cores"] = round(steal / max(job_wall, 1e-9), 3)  # the host's other tenants (in the above too)
@@ -449,6 +452,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"machine (steal time; at most {report.get('steal_cores', {}).get('max', 0.0):.3f}); a host busy in ways "
         "steal does not show (shared caches, memory bandwidth) only shows as slower figures all round.",
         "",
+        speed.sentence(report["probe_ms"]),
+        "",
         "## Targets",
         "",
         "| target | value | met |",
@@ -565,6 +570,7 @@ def run(plan: Plan, out: Path, *, burst: bool = False, pin: bool = True, demo_vo
     steals = [c[t].get("steal_cores", 0.0) for c in cells for t in TARGETS]
     report["steal_cores"] = {"mean": round(sum(steals) / len(steals), 3) if steals else 0.0,
                              "max": max(steals, default=0.0)}
+    report["probe_ms"] = speed.spread([c[t]["probe_ms"] for c in cells for t in TARGETS])
     report["seconds"] = round(time.monotonic() - t_start, 1)
     (out / "results.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     (out / "results.md").write_text(markdown(report))

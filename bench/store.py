@@ -23,8 +23,9 @@ from typing import Any
 
 import orjson
 
+from bench import speed
 from bench.canned import Case, record_to_file
-from bench.run import QUICK, ROOT, Plan, _median, _wait_quiet, machine, run_cell, start_stack
+from bench.run import QUICK, ROOT, TARGETS, Plan, _median, _wait_quiet, machine, run_cell, start_stack
 
 ROWS = ((Case("chat", False, 5, 100), 1), (Case("chat", True, 5, 100), 16))
 CONFIGS = ("sqlite", "none")
@@ -92,7 +93,9 @@ def run(out: Path, rounds: int, duration: float, gateway_src: Path | None = None
     }
     cpu = {"nonstream": default["nonstream_cpu_ms"] / none["nonstream_cpu_ms"] - 1,
            "stream": default["stream_cpu_ms"] / none["stream_cpu_ms"] - 1}
-    return {"machine": machine(), "rounds": rounds, "duration": duration, "summary": summary,
+    probes = speed.spread([c[target]["probe_ms"] for runs in cells.values() for found in runs.values()
+                           for c in found for target in TARGETS])
+    return {"machine": machine(), "rounds": rounds, "duration": duration, "summary": summary, "probe_ms": probes,
             "vocab": canned["vocab"], "overhead": overhead, "cpu_overhead": cpu, "file": figures,
             "gateway_src": str(gateway_src) if gateway_src else None}
 
@@ -117,7 +120,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
               f"{100 * cpu['nonstream']:+.0f}%, streamed {100 * cpu['stream']:+.0f}%.",
               f"Bytes per stored response (target ≤ 8,192): {f['bytes_per_response']:,.0f} after checkpoint over "
               f"{f['responses']:,} responses ({f['vacuumed_bytes_per_response']:,.0f} after VACUUM; the rows' blobs "
-              f"{f['blob_bytes_per_response']:,.0f})."]
+              f"{f['blob_bytes_per_response']:,.0f}).", speed.sentence(report["probe_ms"])]
     return "\n".join(lines)
 
 

@@ -28,8 +28,13 @@ def test_tiny_benchmark_run_writes_a_complete_report_with_no_errors(tmp_path):
     assert many["gateway"]["errors"] == 0 and many["concurrency"] == SMOKE.many_streams
     assert [t["met"] for t in data["targets"] if "concurrent streams" in t["target"]] != []
 
+    # The machine's speed around every cell (bench/speed.py), summed up in the report.
+    assert all(cell[target]["probe_ms"] > 0 for cell in data["cells"] for target in TARGETS)
+    probes = data["probe_ms"]
+    assert 0 < probes["min"] <= probes["median"] <= probes["max"] and probes["slowdown"] >= 1.0
+
     markdown = (tmp_path / "results.md").read_text()
-    assert TABLE_HEAD in markdown
+    assert TABLE_HEAD in markdown and "Machine speed: a fixed probe" in markdown
     rows = [line for line in markdown.splitlines() if line.startswith(("| chat |", "| completions |"))]
     assert len(rows) == len(data["cells"]) + len(data["many_streams"])
 
@@ -45,7 +50,9 @@ def test_store_benchmark_compares_the_default_store_with_none_and_measures_the_f
     assert figures["responses"] > 0
     # What each stored 100-token k=5 Response takes in its row (issue 19: at most 8 KB on disk).
     assert figures["blob_bytes_per_response"] <= 8192
-    assert "Bytes per stored response" in store.markdown(report, "pytest")
+    assert report["probe_ms"]["min"] > 0
+    text = store.markdown(report, "pytest")
+    assert "Bytes per stored response" in text and "Machine speed: a fixed probe" in text
 
 
 def test_workers_benchmark_runs_one_and_two_worker_stacks_with_no_errors(tmp_path):
@@ -96,3 +103,15 @@ def test_workers_benchmark_with_wrk_and_a_bursting_upstream_has_no_errors(tmp_pa
     for row in report["summary"].values():
         assert row["errors"] == 0 and row["streams_per_s"] > 0 and row["relay_streams_per_s"] > 0
     assert "load generator wrk, upstream in bursts" in workers.markdown(report, "pytest")
+
+
+def test_the_speed_probe_says_when_the_machine_slowed_down_during_a_run():
+    from bench import speed
+
+    assert speed.probe_ms(rounds=2) > 0
+    steady = speed.spread([1.00, 1.10, 1.05])
+    assert steady == {"min": 1.0, "median": 1.05, "max": 1.1, "slowdown": 1.1}
+    assert speed.sentence(steady).endswith("the machine held its speed.")
+    slowed = speed.spread([2.0, 1.0, 1.2, 1.1])
+    assert slowed["median"] == 1.15 and slowed["slowdown"] == 2.0
+    assert "2.00× between its fastest and slowest" in speed.sentence(slowed)
