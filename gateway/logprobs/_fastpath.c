@@ -756,10 +756,10 @@ nearest_double(uint64_t digits, int f, uint64_t power_of_five, double c)
     if (!(c >= DBL_MIN && c <= DBL_MAX)) {
         return 0;
     }
-    int exponent;
-    double fraction = frexp(c, &exponent);
-    uint64_t m = (uint64_t)ldexp(fraction, 53); /* c = m * 2^(exponent - 53), m in [2^52, 2^53) */
-    int q = exponent - 53;
+    uint64_t stored;
+    memcpy(&stored, &c, sizeof stored); /* c is normal: m = the 52 stored bits and the implicit one */
+    uint64_t m = (stored & ((1ULL << 52) - 1)) | (1ULL << 52); /* c = m * 2^q, m in [2^52, 2^53) */
+    int q = (int)((stored >> 52) & 0x7FF) - 1075;
     int bits = 64 - __builtin_clzll(digits);
     /* X = D / (5^f 2^f) against (2m + 1) 2^(q - 1), then against the lower midpoint (2m - 1) 2^(q - 1), or
      * (4m - 1) 2^(q - 2) when c is a power of two (the neighbour below has half the spacing). */
@@ -790,6 +790,26 @@ nearest_double(uint64_t digits, int f, uint64_t power_of_five, double c)
 #endif
 }
 
+/* Whether the 8 bytes at p are all ASCII digits, and if so their value in *value: each byte's digit
+ * combined pairwise in one 64-bit word (x10 + next), then the pairs (x100), then the quads (x10000). */
+static inline int
+eight_digits(const unsigned char *p, uint32_t *value)
+{
+    uint64_t word;
+    memcpy(&word, p, sizeof word); /* little-endian: p[0] is the lowest byte */
+    /* every byte 0x30-0x39: high nibble 3, and adding 6 does not carry into it */
+    if (((word & 0xF0F0F0F0F0F0F0F0ULL) | (((word + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) >> 4))
+        != 0x3333333333333333ULL) {
+        return 0;
+    }
+    word -= 0x3030303030303030ULL;
+    word = (word * 10 + (word >> 8)) & 0x00FF00FF00FF00FFULL;     /* 4 pairs: p0p1, p2p3, ... in bytes 0, 2, 4, 6 */
+    word = (word * 100 + (word >> 16)) & 0x0000FFFF0000FFFFULL;  /* 2 quads in the low 16 bits of each half */
+    word = word * 10000 + (word >> 32);                            /* all 8 in the low 32 bits */
+    *value = (uint32_t)word;
+    return 1;
+}
+
 /* float(text) for the text of a JSON number (checked to be one already), without Python's reader for the
  * usual spellings: up to 19 significant digits and up to 27 decimals (after the exponent), which covers the
  * full-precision text of float32 logprobs as vLLM and llama.cpp print them (17 digits, past the 15 of
@@ -803,6 +823,12 @@ fp_read_decimal(const unsigned char *p, const unsigned char *end, double *value)
     static const double powers_of_ten[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12,
                                            1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22, 1e23,
                                            1e24, 1e25, 1e26, 1e27};
+    static const uint64_t powers_of_five[] = { /* 5^0 ... 5^27 (< 2^63) */
+        1ULL, 5ULL, 25ULL, 125ULL, 625ULL, 3125ULL, 15625ULL, 78125ULL, 390625ULL, 1953125ULL, 9765625ULL,
+        48828125ULL, 244140625ULL, 1220703125ULL, 6103515625ULL, 30517578125ULL, 152587890625ULL,
+        762939453125ULL, 3814697265625ULL, 19073486328125ULL, 95367431640625ULL, 476837158203125ULL,
+        2384185791015625ULL, 11920928955078125ULL, 59604644775390625ULL, 298023223876953125ULL,
+        1490116119384765625ULL, 7450580596923828125ULL};
     int negative = *p == '-';
     p += negative;
     uint64_t digits = 0;
@@ -812,6 +838,15 @@ fp_read_decimal(const unsigned char *p, const unsigned char *end, double *value)
     for (int part = 0; part < 2; part++) {
         const unsigned char *start = p;
         for (; p < end; p++) {
+            /* Past the leading zeros, eight digits at a time while they fit in the 19 significant ones: a
+             * float32 printed in full is 16-17 of them, most of the reader's time one by one. */
+            uint32_t eight;
+            if (end - p >= 8 && digits != 0 && significant <= 11 && eight_digits(p, &eight)) {
+                digits = digits * 100000000ULL + eight;
+                significant += 8;
+                p += 7;
+                continue;
+            }
             unsigned int digit = (unsigned int)(*p - '0');
             if (digit > 9) {
                 break;
@@ -855,10 +890,7 @@ fp_read_decimal(const unsigned char *p, const unsigned char *end, double *value)
     }
     double quotient = (double)digits / powers_of_ten[decimals];
     if (!(digits < (1ULL << 53) && decimals <= 22)) {
-        uint64_t power_of_five = 1;
-        for (int i = 0; i < decimals; i++) {
-            power_of_five *= 5; /* 5^27 < 2^63 */
-        }
+        uint64_t power_of_five = powers_of_five[decimals];
         if (!nearest_double(digits, decimals, power_of_five, quotient)) {
             double below = nextafter(quotient, 0.0), above = nextafter(quotient, DBL_MAX);
             if (nearest_double(digits, decimals, power_of_five, below)) {
