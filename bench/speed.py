@@ -13,6 +13,7 @@ plus plain interpreter arithmetic. It runs in the benchmark's own process, which
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import orjson
@@ -42,13 +43,11 @@ def probe_ms(rounds: int = 5) -> float:
 
 def spread(values: list[float]) -> dict[str, float]:
     """min, median and max of the probe over a run; `slowdown` is max / min (1.0: the machine held its speed)."""
-    ordered = sorted(values)
-    if not ordered:
+    if not values:
         return {"min": 0.0, "median": 0.0, "max": 0.0, "slowdown": 1.0}
-    middle = len(ordered) // 2
-    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-    return {"min": round(ordered[0], 3), "median": round(median, 3), "max": round(ordered[-1], 3),
-            "slowdown": round(ordered[-1] / ordered[0], 2) if ordered[0] > 0 else 1.0}
+    low, high = min(values), max(values)
+    return {"min": round(low, 3), "median": round(statistics.median(values), 3), "max": round(high, 3),
+            "slowdown": round(high / low, 2) if low > 0 else 1.0}
 
 
 def sentence(figures: dict[str, float]) -> str:

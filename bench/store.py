@@ -93,8 +93,8 @@ def run(out: Path, rounds: int, duration: float, gateway_src: Path | None = None
     }
     cpu = {"nonstream": default["nonstream_cpu_ms"] / none["nonstream_cpu_ms"] - 1,
            "stream": default["stream_cpu_ms"] / none["stream_cpu_ms"] - 1}
-    probes = speed.spread([c[target]["probe_ms"] for runs in cells.values() for found in runs.values()
-                           for c in found for target in TARGETS])
+    probes = speed.spread([cell[target]["probe_ms"] for by_row in cells.values() for row_cells in by_row.values()
+                           for cell in row_cells for target in TARGETS])
     return {"machine": machine(), "rounds": rounds, "duration": duration, "summary": summary, "probe_ms": probes,
             "vocab": canned["vocab"], "overhead": overhead, "cpu_overhead": cpu, "file": figures,
             "gateway_src": str(gateway_src) if gateway_src else None}

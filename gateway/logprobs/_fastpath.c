@@ -795,8 +795,12 @@ nearest_double(uint64_t digits, int f, uint64_t power_of_five, double c)
 static inline int
 eight_digits(const unsigned char *p, uint32_t *value)
 {
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+    (void)p, (void)value;
+    return 0; /* the arithmetic below reads p[0] as the lowest byte: elsewhere, one digit at a time */
+#else
     uint64_t word;
-    memcpy(&word, p, sizeof word); /* little-endian: p[0] is the lowest byte */
+    memcpy(&word, p, sizeof word); /* p[0] is the lowest byte */
     /* every byte 0x30-0x39: high nibble 3, and adding 6 does not carry into it */
     if (((word & 0xF0F0F0F0F0F0F0F0ULL) | (((word + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) >> 4))
         != 0x3333333333333333ULL) {
@@ -808,6 +812,7 @@ eight_digits(const unsigned char *p, uint32_t *value)
     word = word * 10000 + (word >> 32);                            /* all 8 in the low 32 bits */
     *value = (uint32_t)word;
     return 1;
+#endif
 }
 
 /* float(text) for the text of a JSON number (checked to be one already), without Python's reader for the
