@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import unicodedata
@@ -238,6 +239,36 @@ def test_id_for_bytes_round_trips_every_sampled_token(name, shared_dir):
             assert found == token_id
         checked += 1
     assert checked > 300
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_id_for_bytes_answers_for_every_token_as_a_full_table_would(name, shared_dir):
+    # The bytes -> id index is a sorted array searched by bisection (not a dict): check it against a
+    # table built here from the vocabulary's own rules, over every id and bytes no token has.
+    vocab = real(name, shared_dir)
+    rank = {}
+    if isinstance(vocab, HFVocab):
+        added = set(vocab.tokenizer.get_added_tokens_decoder())
+        byte_pieces = {i for piece, i in vocab.tokenizer.get_vocab(with_added_tokens=False).items()
+                       if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", piece)} if vocab.byte_fallback else set()
+        rank = {i: 0 for i in added} | {i: 2 for i in byte_pieces}
+    expected: dict[bytes, int] = {}
+    for token_id in range(len(vocab)):
+        try:
+            data = vocab.token_bytes(token_id)
+        except KeyError:
+            continue
+        if vocab.is_special(token_id):
+            continue
+        kept = expected.setdefault(data, token_id)
+        if rank.get(token_id, 1) < rank.get(kept, 1):
+            expected[data] = token_id
+    assert len(expected) > 30_000
+    assert all(vocab.id_for_bytes(data) == token_id for data, token_id in expected.items())
+    for data in list(expected)[::501]:
+        for other in (data + b"\x00\xff\x00", b"\xff\xfe\xfd" + data):
+            assert vocab.id_for_bytes(other) == expected.get(other)
+    assert vocab.id_for_bytes(b"") is None
 
 
 def test_sentencepiece_shared_bytes_resolve_to_the_token_the_encoder_emits(shared_dir):
