@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import unicodedata
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -222,17 +223,22 @@ def test_tiktoken_special_tokens_are_flagged(shared_dir):
 # ----------------------------------------------------------------------------- id_for_bytes, holes
 
 
-@pytest.mark.parametrize("name", SPECS)
-def test_id_for_bytes_round_trips_every_sampled_token(name, shared_dir):
-    vocab = real(name, shared_dir)
-    checked = 0
-    for token_id in range(0, len(vocab), 97):
+def _plain_tokens(vocab: Vocab, step: int = 1) -> Iterator[tuple[int, bytes]]:
+    """(id, bytes) of every `step`-th id that is a token and not a special one."""
+    for token_id in range(0, len(vocab), step):
         try:
             data = vocab.token_bytes(token_id)
         except KeyError:
             continue
-        if vocab.is_special(token_id):
-            continue
+        if not vocab.is_special(token_id):
+            yield token_id, data
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_id_for_bytes_round_trips_every_sampled_token(name, shared_dir):
+    vocab = real(name, shared_dir)
+    checked = 0
+    for token_id, data in _plain_tokens(vocab, 97):
         found = vocab.id_for_bytes(data)
         assert found is not None and vocab.token_bytes(found) == data
         if name != "phi-3.5-mini":  # no two ids share bytes in these vocabularies
@@ -253,13 +259,7 @@ def test_id_for_bytes_answers_for_every_token_as_a_full_table_would(name, shared
                        if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", piece)} if vocab.byte_fallback else set()
         rank = {i: 0 for i in added} | {i: 2 for i in byte_pieces}
     expected: dict[bytes, int] = {}
-    for token_id in range(len(vocab)):
-        try:
-            data = vocab.token_bytes(token_id)
-        except KeyError:
-            continue
-        if vocab.is_special(token_id):
-            continue
+    for token_id, data in _plain_tokens(vocab):
         kept = expected.setdefault(data, token_id)
         if rank.get(token_id, 1) < rank.get(kept, 1):
             expected[data] = token_id
