@@ -54,7 +54,8 @@ async def _last_task(engine) -> dict[str, Any]:
     """What llama-server itself was last asked for: the params of the slot with the newest task."""
     async with aiohttp.ClientSession() as session, session.get(engine.base_url + "/slots") as reply:
         slots = await reply.json()
-    return max(slots, key=lambda slot: slot["id_task"])["params"]
+    # A slot that never ran a task has no `id_task` (a fresh server: the other slot took both requests).
+    return max(slots, key=lambda slot: slot.get("id_task", -1))["params"]
 
 
 def _chat(content: str, max_tokens: int, *, k: int | None = 2, **extra: Any) -> dict[str, Any]:
