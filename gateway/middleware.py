@@ -80,7 +80,17 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
             entry = {"request_id": request_id, "method": request.method, "path": request.path, "status": status,
                      "duration_ms": round((time.perf_counter() - started) * 1000, 2), **ACCESS_FIELDS,
                      **request["log"]}
-            log.info(access_line(entry))
+            _after_answer(entry)
+
+
+def _after_answer(entry: dict[str, Any]) -> None:
+    """Write the access line once the request's task has ended, so after aiohttp wrote the answer: its
+    encoding and the write to stderr (~30 us) are not in the client's latency."""
+    task = asyncio.current_task()
+    if task is None:
+        log.info(access_line(entry))
+    else:
+        task.add_done_callback(lambda _: log.info(access_line(entry)))
 
 
 def error_middleware_factory() -> Callable:
