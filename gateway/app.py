@@ -34,6 +34,7 @@ from gateway.memory import DEFAULT_READ_BUFSIZE, configured_read_bufsize, stream
 from gateway.metrics import Metrics, ReportCounters
 from gateway.middleware import (
     REQUEST_ID_HEADER,
+    after_answer,
     auth_middleware_factory,
     draining_middleware_factory,
     error_middleware_factory,
@@ -300,29 +301,39 @@ async def serve_generation(request: web.Request, front_door: str, gen: Generatio
 
 
 def _record(state: GatewayState, exchange: _Exchange, status: str, request: web.Request) -> None:
-    metrics = state.metrics
-    child = metrics.child
-    labels = exchange.labels()
-    elapsed = time.perf_counter() - exchange.started
-    child(metrics.requests, *labels, status).inc()
-    child(metrics.duration, *labels).observe(elapsed)
+    """The request's figures, taken now: into the access log at once, into the metrics once the answer is
+    written (`after_answer`)."""
+    now = time.perf_counter()
+    elapsed = now - exchange.started
+    ttft = per_token = None
     if exchange.first_token_at is not None:
         ttft = exchange.first_token_at - exchange.started
-        child(metrics.ttft, *labels).observe(ttft)
         request["log"]["ttft_ms"] = round(ttft * 1000, 2)
     usage = exchange.step_usage or {}
     prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
     if exchange.sent_tokens > completion:  # a stream cut short: what reached the client
         completion = exchange.sent_tokens
+    if exchange.first_token_at is not None and completion > 1:
+        per_token = (now - exchange.first_token_at) / (completion - 1)
+    request["log"].update(input_tokens=prompt, output_tokens=completion)
+    after_answer(lambda: _observe(state.metrics, exchange, status, elapsed, ttft, per_token, prompt, completion))
+
+
+def _observe(metrics: Metrics, exchange: _Exchange, status: str, elapsed: float, ttft: float | None,
+             per_token: float | None, prompt: int, completion: int) -> None:
+    child = metrics.child
+    labels = exchange.labels()
+    child(metrics.requests, *labels, status).inc()
+    child(metrics.duration, *labels).observe(elapsed)
+    if ttft is not None:
+        child(metrics.ttft, *labels).observe(ttft)
     model, upstream = exchange.route.model, exchange.route.upstream_name
     if prompt:
         child(metrics.tokens, model, upstream, "in").inc(prompt)
     if completion:
         child(metrics.tokens, model, upstream, "out").inc(completion)
-        if exchange.first_token_at is not None and completion > 1:
-            per_token = (time.perf_counter() - exchange.first_token_at) / (completion - 1)
-            child(metrics.per_token, model, upstream).observe(per_token)
-    request["log"].update(input_tokens=prompt, output_tokens=completion)
+    if per_token is not None:
+        child(metrics.per_token, model, upstream).observe(per_token)
 
 
 class _Retryable(Exception):
