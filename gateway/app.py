@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -25,7 +26,7 @@ from gateway.canonical.generation import Generation
 from gateway.canonical.step import Step, UpstreamFormatError
 from gateway.compact_route import add_compact_route
 from gateway.compaction import add_sealer
-from gateway.config import Config
+from gateway.config import Config, Timeouts
 from gateway.errors import GatewayError, bad_request, upstream_error, upstream_timeout
 from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.parse import ParseOptions
@@ -428,6 +429,12 @@ def _own_credential(route: Route) -> bool:
 Batches = AsyncIterator[list[bytes]]
 
 
+@functools.lru_cache(maxsize=64)
+def _client_timeout(timeouts: Timeouts) -> aiohttp.ClientTimeout:
+    """aiohttp's timeouts for an upstream's, made once (the config's are frozen, so each is a key)."""
+    return aiohttp.ClientTimeout(total=timeouts.total, connect=timeouts.connect, sock_read=timeouts.idle)
+
+
 async def _open_upstream(request: web.Request, state: GatewayState, exchange: _Exchange, replica: Replica,
                          call: UpstreamCall) -> tuple[aiohttp.ClientResponse, Batches | None]:
     """POST upstream and wait for its headers (and, streaming, its first events). Faults here are
@@ -435,7 +442,7 @@ async def _open_upstream(request: web.Request, state: GatewayState, exchange: _E
     assert state.session is not None
     route = exchange.route
     timeouts = route.upstream.timeouts
-    timeout = aiohttp.ClientTimeout(total=timeouts.total, connect=timeouts.connect, sock_read=timeouts.idle)
+    timeout = _client_timeout(timeouts)
     started = time.perf_counter()
     waiting_since = time.monotonic()
     deadline = asyncio.get_running_loop().time() + timeouts.first_token  # for headers and first events
@@ -458,8 +465,8 @@ async def _open_upstream(request: web.Request, state: GatewayState, exchange: _E
     except aiohttp.ClientError as exc:
         raise _Retryable(upstream_error(f"upstream {name!r} is unreachable: {type(exc).__name__}"),
                          "connect") from None
-    metrics = state.metrics
-    metrics.child(metrics.upstream_latency, name, replica.url).observe(time.perf_counter() - started)
+    metrics, waited = state.metrics, time.perf_counter() - started
+    after_answer(lambda: metrics.child(metrics.upstream_latency, name, replica.url).observe(waited))
     if response.status >= 400:
         await _refused(state, exchange, replica, response)
     return response, batches
