@@ -317,18 +317,20 @@ def _record(state: GatewayState, exchange: _Exchange, status: str, request: web.
     if exchange.first_token_at is not None and completion > 1:
         per_token = (now - exchange.first_token_at) / (completion - 1)
     request["log"].update(input_tokens=prompt, output_tokens=completion)
-    after_answer(lambda: _observe(state.metrics, exchange, status, elapsed, ttft, per_token, prompt, completion))
+    # Plain values only: a closure over `exchange` would keep the whole translator (a long stream's final
+    # logprobs) alive until the answer's last byte is written (bench.memory: 256 streams peaked 60 MB higher).
+    metrics, labels = state.metrics, exchange.labels()
+    after_answer(lambda: _observe(metrics, labels, status, elapsed, ttft, per_token, prompt, completion))
 
 
-def _observe(metrics: Metrics, exchange: _Exchange, status: str, elapsed: float, ttft: float | None,
-             per_token: float | None, prompt: int, completion: int) -> None:
+def _observe(metrics: Metrics, labels: tuple[str, str, str, str], status: str, elapsed: float,
+             ttft: float | None, per_token: float | None, prompt: int, completion: int) -> None:
     child = metrics.child
-    labels = exchange.labels()
     child(metrics.requests, *labels, status).inc()
     child(metrics.duration, *labels).observe(elapsed)
     if ttft is not None:
         child(metrics.ttft, *labels).observe(ttft)
-    model, upstream = exchange.route.model, exchange.route.upstream_name
+    model, upstream = labels[0], labels[1]
     if prompt:
         child(metrics.tokens, model, upstream, "in").inc(prompt)
     if completion:
