@@ -468,7 +468,11 @@ async def _open_upstream(request: web.Request, state: GatewayState, exchange: _E
         raise _Retryable(upstream_error(f"upstream {name!r} is unreachable: {type(exc).__name__}"),
                          "connect") from None
     metrics, waited = state.metrics, time.perf_counter() - started
-    after_answer(lambda: metrics.child(metrics.upstream_latency, name, replica.url).observe(waited))
+    upstream_latency = metrics.child(metrics.upstream_latency, name, replica.url)
+    if exchange.stream:  # now: a stream's answer may take minutes, and dashboards want this figure
+        upstream_latency.observe(waited)
+    else:
+        after_answer(lambda: upstream_latency.observe(waited))
     if response.status >= 400:
         await _refused(state, exchange, replica, response)
     return response, batches

@@ -204,6 +204,24 @@ async def test_api_keys_and_the_client_key_never_reaches_the_upstream(aiohttp_se
     assert "authorization" in sent  # the simulator redacts the value it records
 
 
+async def test_a_running_stream_is_in_the_upstream_latency_before_it_ends(aiohttp_server, vocab):
+    # Request metrics wait for the answer (middleware.after_answer); the time to upstream headers of a
+    # stream, which may run for minutes, is observed when the headers come.
+    sim = await aiohttp_server(create_simulator(vocab, MODEL, step_delay_ms=300))
+    gateway = await _gateway(aiohttp_server, [_url(sim)], health_interval=0)
+    async with aiohttp.ClientSession() as session, session.post(
+            str(gateway.make_url("/v1/responses")), json={**BODY, "stream": True}) as reply:
+        assert reply.status == 200
+        await reply.content.readline()  # the stream has begun; its last steps are seconds away
+        async with session.get(str(gateway.make_url("/metrics"))) as scrape:
+            text = await scrape.text()
+        assert not reply.content.at_eof()
+        await reply.read()
+    counts = [line for line in text.splitlines() if line.startswith("gateway_upstream_latency_seconds_count")]
+    assert counts and float(counts[0].rsplit(" ", 1)[1]) == 1
+    assert "gateway_request_duration_seconds_count{" not in text  # the request's own figures: at its end
+
+
 async def test_oversized_bodies_get_an_openai_shaped_413(aiohttp_server, vocab):
     sim = await aiohttp_server(create_simulator(vocab, MODEL))
     config = parse_config({"limits": {"max_body_bytes": 1024},
