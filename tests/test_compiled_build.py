@@ -9,6 +9,7 @@ machine that has a compiler and Python's headers (CI, a developer's), the extens
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sysconfig
 from pathlib import Path
@@ -21,7 +22,8 @@ from gateway.logprobs.compiled import PURE_PYTHON_ENV, fastpath
 def test_the_c_extension_is_built_where_a_compiler_and_the_headers_are():
     if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
         pytest.skip(f"{PURE_PYTHON_ENV} turns the compiled twin off")
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    # $CC may carry flags (`gcc -m64`, `ccache cc`): its first word is the program.
+    compiler = shutil.which((shlex.split(os.environ.get("CC", "")) or ["cc"])[0]) or shutil.which("gcc")
     headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
     if compiler is None or not headers.exists():
         pytest.skip("no C compiler or no Python headers here: the pure-Python twin runs, as intended")
