@@ -467,12 +467,9 @@ async def _open_upstream(request: web.Request, state: GatewayState, exchange: _E
     except aiohttp.ClientError as exc:
         raise _Retryable(upstream_error(f"upstream {name!r} is unreachable: {type(exc).__name__}"),
                          "connect") from None
-    metrics, waited = state.metrics, time.perf_counter() - started
-    upstream_latency = metrics.child(metrics.upstream_latency, name, replica.url)
-    if exchange.stream:  # now: a stream's answer may take minutes, and dashboards want this figure
-        upstream_latency.observe(waited)
-    else:
-        after_answer(lambda: upstream_latency.observe(waited))
+    # Observed now, not after the answer: a stream's answer may take minutes, and dashboards want this figure.
+    metrics = state.metrics
+    metrics.child(metrics.upstream_latency, name, replica.url).observe(time.perf_counter() - started)
     if response.status >= 400:
         await _refused(state, exchange, replica, response)
     return response, batches
