@@ -42,8 +42,10 @@ async def start_stack(aiohttp_server, vocab, *, api: str = "chat", model: str = 
                       dialect: str = "vllm", auth: dict[str, Any] | None = None, api_key: str = "test-key",
                       compaction: dict[str, Any] | None = None,
                       limits: dict[str, Any] | None = None, model_options: dict[str, Any] | None = None,
-                      **simulator_options: Any) -> Stack:
-    """A simulator of `dialect` (vllm, tgi, sglang, llamacpp, openai) and the gateway in front of it."""
+                      outermost: Any = None, **simulator_options: Any) -> Stack:
+    """A simulator of `dialect` (vllm, tgi, sglang, llamacpp, openai) and the gateway in front of it.
+    `outermost`: an aiohttp middleware put around all of the gateway's own (to look at a request as its
+    handler returns)."""
     module = importlib.import_module(f"gateway.simulator.{dialect}")
     simulator = await aiohttp_server(module.create_app(vocab, model, **simulator_options))
     upstream: dict[str, Any] = {"urls": [upstream_url or str(simulator.make_url("")).rstrip("/")], "api": api,
@@ -61,7 +63,10 @@ async def start_stack(aiohttp_server, vocab, *, api: str = "chat", model: str = 
                            **({"auth": auth} if auth else {}), **({"limits": limits} if limits else {}),
                            **({"compaction": compaction} if compaction else {})},
                           base_dir=Path("."))
-    gateway = await aiohttp_server(create_app(config))
+    app = create_app(config)
+    if outermost is not None:
+        app.middlewares.insert(0, outermost)
+    gateway = await aiohttp_server(app)
     client = AsyncOpenAI(base_url=str(gateway.make_url("/v1")), api_key=api_key,
                          _strict_response_validation=True, max_retries=0)
     return Stack(simulator, gateway, client, model, module.SIMULATOR_KEY)

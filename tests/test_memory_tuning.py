@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 import sys
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -251,36 +251,35 @@ def _live_translators() -> int:
 
 
 @pytest.mark.parametrize("stream", [True, False])
-async def test_nothing_after_the_answer_keeps_the_translator(aiohttp_server, demo_vocab, stream):
+async def test_nothing_after_the_answer_keeps_the_translator(aiohttp_server, demo_vocab, caplog, stream):
     """The access line and the metrics run after the answer is written (middleware.after_answer), from
     callbacks of the request's task. Under load that can be a second later (256 long streams ending
     together keep the loop busy), so what they hold must not include the translator (its tokens, its final
     logprob lists): when they held the request's bookkeeping, bench.memory peaked 60 MB higher. Checked
     from an outermost middleware: the handler has returned, the callbacks have not run."""
-    from gateway.app import create_app
-    from gateway.config import parse_config
-    from gateway.simulator.vllm import create_app as create_simulator
-    from tests.e2e import _tokenizer
+    from tests.e2e import start_stack
 
-    simulator = await aiohttp_server(create_simulator(demo_vocab, "demo-model"))
-    config = parse_config({"upstreams": {"sim": {"urls": [str(simulator.make_url("")).rstrip("/")]}},
-                           "models": {"demo-model": {"upstream": "sim", **_tokenizer(None)}},
-                           "store": {"backend": "memory"}}, base_dir=Path("."))
-    app = create_app(config)
-    seen: list[int] = []
+    caplog.set_level(logging.INFO, logger="responses_gateway.access")
+    seen: list[tuple[int, int]] = []  # (translators alive, access lines written) as the handler returns
 
     @web.middleware
     async def outermost(request: web.Request, handler: Any) -> web.StreamResponse:
         response = await handler(request)
-        seen.append(_live_translators())
+        seen.append((_live_translators(), len(_access_lines(caplog))))
         return response
 
-    app.middlewares.insert(0, outermost)
-    gateway = await aiohttp_server(app)
-    request = {"model": "demo-model", "input": "hi", "stream": stream, "max_output_tokens": 40, "top_logprobs": 5,
+    stack = await start_stack(aiohttp_server, demo_vocab, outermost=outermost)
+    request = {"model": stack.model, "input": "hi", "stream": stream, "max_output_tokens": 40, "top_logprobs": 5,
                "include": ["message.output_text.logprobs"]}
-    async with aiohttp.ClientSession() as client, client.post(gateway.make_url("/v1/responses"), json=request) as reply:
+    async with aiohttp.ClientSession() as client, client.post(stack.url("/v1/responses"), json=request) as reply:
         assert reply.status == 200
         body = await reply.read()
+    await asyncio.sleep(0)  # the request's task has ended: its callbacks ran
     assert b"top_logprobs" in body  # a translator with logprobs was at work
-    assert seen == [0]
+    assert seen == [(0, 0)]  # nothing holds it, and the access line waits for the answer
+    [line] = _access_lines(caplog)
+    assert line["status"] == 200 and line["output_tokens"] > 0
+
+
+def _access_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    return [json.loads(record.getMessage()) for record in caplog.records if record.name == "responses_gateway.access"]
