@@ -130,6 +130,17 @@ def test_lists_of_another_shape_are_kept_as_json():
         assert orjson.dumps(codec.decode(codec.encode(raw))) == raw
 
 
+def test_a_short_plain_value_is_stored_as_its_json_and_a_long_one_deflated():
+    """Input items of one short message: kept as JSON (deflating ~200 bytes saves ~30 and costs a Huffman
+    table); the same items with a long text are deflated. Both read back exactly."""
+    short = orjson.dumps([{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}])
+    long = short.replace(b'"Hi"', b'"' + b"Tell me about the plan. " * 40 + b'"')
+    assert len(short) < codec.PLAIN_BELOW < len(long)
+    assert codec.encode(short) == short and codec.decode(short) == orjson.loads(short)
+    assert codec.encode(long).startswith(codec.MAGIC) and len(codec.encode(long)) < len(long) / 4
+    assert orjson.dumps(codec.decode(codec.encode(long))) == long
+
+
 @pytest.mark.parametrize("values", ["float32", "decimal"])
 def test_a_stored_100_token_k5_response_is_compact(values):
     """Float32 logprobs (what vLLM sends) or six-decimal ones (the simulator's): well under the 8 KB a

@@ -560,9 +560,16 @@ fp_write_entry_head(char *out, PyObject *data, const char *number, Py_ssize_t nu
     memcpy(out + 11, number, number_length);
     out += 11 + number_length;
     memcpy(out, ",\"bytes\":[", 10);
-    out += 10;
-    for (Py_ssize_t i = 0; i < length; i++) {
-        unsigned int byte = raw[i];
+    out = fp_write_byte_values(out + 10, raw, length);
+    *out++ = ']';
+    return out;
+}
+
+char *
+fp_write_byte_values(char *out, const unsigned char *s, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned int byte = s[i];
         if (i > 0) {
             *out++ = ',';
         }
@@ -574,7 +581,6 @@ fp_write_entry_head(char *out, PyObject *data, const char *number, Py_ssize_t nu
         }
         *out++ = (char)('0' + byte % 10);
     }
-    *out++ = ']';
     return out;
 }
 

@@ -100,6 +100,8 @@ char *fp_write_token_string(char *out, const unsigned char *s, Py_ssize_t n); /*
 int fp_read_decimal(const unsigned char *p, const unsigned char *end, double *value);
 
 #define FP_ENTRY_OVERHEAD 64 /* the keys, quotes, brackets and commas of one rendered entry */
+/* byte values as JSON numbers, comma-separated, no brackets: "104,105" (writes at most 4n) */
+char *fp_write_byte_values(char *out, const unsigned char *s, Py_ssize_t n);
 /* The head of one rendered entry ({"token":..,"logprob":..,"bytes":[..]), and the numbers dumps wrote. */
 char *fp_write_entry_head(char *out, PyObject *data, const char *number, Py_ssize_t number_length);
 int fp_number_starts(PyObject *numbers, Py_ssize_t total, Py_ssize_t *starts);

@@ -485,9 +485,7 @@ batch_store_columns(TokenBatch *batch, PyObject *k_object)
             continue;
         }
         *out++ = '[';
-        for (Py_ssize_t b = 0; b < n; b++) {
-            out += PyOS_snprintf(out, 5, b > 0 ? ",%u" : "%u", (unsigned int)s[b]);
-        }
+        out = fp_write_byte_values(out, s, n);
         *out++ = ']';
     }
     *out++ = ']';
