@@ -275,6 +275,30 @@ async def test_a_durable_save_returns_once_another_process_reads_it(tmp_path):
         await store.close()
 
 
+async def test_saving_a_stored_id_again_replaces_its_row_and_its_item_rows(tmp_path):
+    """A new id is inserted with one statement; an id saved before (a background response's next status)
+    takes the place of the old row: the new version is read, the old version's item keys lead nowhere, the
+    new ones lead to it, and the count that pruning keeps still counts it once."""
+    path = tmp_path / "r.sqlite3"
+    store = SQLiteStore(path, ttl_seconds=3600, max_responses=100)
+    await store.open()
+    try:
+        first = {"id": "resp_1", "status": "in_progress", "output": [{"id": "msg_old", "type": "message"}]}
+        await store.save(first, [{"id": "msg_in", "type": "message", "role": "user", "content": "hi"}])
+        await store.save({"id": "resp_2", "status": "completed", "output": []}, [])
+        assert await store.item_owner("msg_old") == "resp_1"
+        second = {"id": "resp_1", "status": "completed", "output": [{"id": "msg_new", "type": "message"}]}
+        await store.save(second, [])
+        assert await store.get("resp_1") == second and await store.input_items("resp_1") == []
+        assert await store.item_owner("msg_old") is None and await store.item_owner("msg_in") is None
+        assert await store.item_owner("msg_new") == "resp_1"
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT n FROM response_count").fetchone() == (2,)
+        assert db.execute("SELECT COUNT(*) FROM responses").fetchone() == (2,)
+
+
 def _answer_with_batch(vocab, tokens: int):
     """A non-streamed Response rendered from a whole body's TokenBatch, and its logprob lists (store.codec)."""
     from gateway.logprobs.body_scan import load_chat_body
