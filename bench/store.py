@@ -1,20 +1,21 @@
 """What the response store costs: the default configuration (store on, SQLite) against `store: none`.
 
-    .venv/bin/python -m bench.store                 # ~2 minutes: 3 interleaved rounds of each row
+    .venv/bin/python -m bench.store                 # ~2 minutes: 4 interleaved rounds of each row
     .venv/bin/python -m bench.store --gateway-src DIR   # the same for another source tree (A/B)
 
 Rows, each driven against the direct upstream, the relay and the gateway back to back (bench/run.py's
 cells): non-streamed Responses, 100 tokens, k=5, concurrency 1 (added p50, the gateway's against the
-relay's) and streamed, 100 tokens, k=5, concurrency 16 (streams/s). The two stacks run one after the
-other, round after round, so machine noise hits both alike; medians over rounds. Then the SQLite file:
-its size after a WAL checkpoint over the responses it holds (bytes per stored response), and after
-VACUUM. Targets (issue 19): the default store costs at most 15% over `store: none`; a stored
+relay's) and streamed, 100 tokens, k=5, concurrency 16 (streams/s). The two stacks run side by side and
+each row alternates between them (A B, then B A, ...), so machine noise hits both alike; medians over
+rounds. Then the SQLite file: its size after a WAL checkpoint over the responses it holds (bytes per
+stored response), and after VACUUM. Targets (issue 19): the default store costs at most 15% over `store: none`; a stored
 100-token k=5 response takes at most 8 KB.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import sqlite3
 import sys
@@ -54,22 +55,27 @@ def run(out: Path, rounds: int, duration: float, gateway_src: Path | None = None
     canned = record_to_file([case for case, _ in ROWS], canned_path, use_qwen2=False if demo_vocab else None)
     plan = Plan(**{**QUICK.__dict__, "duration": duration, "max_seconds": max(4 * duration, 2.0)})
     cells: dict[str, dict[str, list[dict[str, Any]]]] = {c: {case.key: [] for case, _ in ROWS} for c in CONFIGS}
-    db_path = out / "responses.sqlite3"  # the generated config's default path, next to it
+    db_path = out / "sqlite" / "responses.sqlite3"  # the generated config's default path, next to it
     for suffix in ("", "-wal", "-shm"):
         Path(f"{db_path}{suffix}").unlink(missing_ok=True)
-    for round_ in range(rounds):
+    with contextlib.ExitStack() as running:
+        # Both stacks run side by side (the idle one takes no CPU): each row alternates between them,
+        # in the order A B B A ..., so a machine that speeds up or slows down over the run hits both alike.
+        stacks = {}
         for config in CONFIGS:
-            with start_stack(canned, canned_path, out, burst=False, pin=pin, store=config,
-                             gateway_src=gateway_src) as stack:
-                for case, conc in ROWS:
-                    cell = run_cell(stack, canned, case, conc, plan)
+            (out / config).mkdir(exist_ok=True)
+            stacks[config] = running.enter_context(start_stack(canned, canned_path, out / config, burst=False,
+                                                               pin=pin, store=config, gateway_src=gateway_src))
+        for round_ in range(rounds):
+            for case, conc in ROWS:
+                for config in CONFIGS if round_ % 2 == 0 else CONFIGS[::-1]:
+                    cell = run_cell(stacks[config], canned, case, conc, plan)
                     cells[config][case.key].append(cell)
                     g = cell["gateway"]
                     if progress:
-                            print(f"round {round_ + 1} store={config} {case.key} c={conc}: gw p50 "
+                        print(f"round {round_ + 1} store={config} {case.key} c={conc}: gw p50 "
                               f"{g['p50_ms']:.2f} ms, {g['rps']:.1f}/s (relay {cell['relay']['rps']:.1f}/s), "
-                              f"errors {g['errors']}",
-                              flush=True)
+                              f"errors {g['errors']}", flush=True)
     figures = _file_figures(db_path)
     summary: dict[str, Any] = {}
     for config in CONFIGS:
@@ -127,7 +133,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.store", description="the default store vs store: none")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out-store")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per measured window")
     parser.add_argument("--gateway-src", type=Path, help="run the gateway from this source tree (A/B runs)")
     parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
