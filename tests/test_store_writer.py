@@ -230,10 +230,10 @@ async def test_the_memory_store_keeps_a_long_response_compact_and_reads_it_back_
 @pytest.mark.parametrize("linger", [0.25, 0.0])
 async def test_saves_that_find_the_writer_idle_share_one_commit(tmp_path, linger):
     """Four answers finishing a few milliseconds apart (as requests in flight together do) share one
-    commit while the writer lingers (by default 5 ms; longer here, so that a slow machine cannot split
+    commit while the writer lingers (by default 20 ms; longer here, so that a slow machine cannot split
     them); without it they are not committed together. The SQLite store stamps every row of a commit
     with the same `saved_at`."""
-    assert WriteBehind(SQLiteStore(tmp_path / "unused", ttl_seconds=1, max_responses=1)).linger == 0.005
+    assert WriteBehind(SQLiteStore(tmp_path / "unused", ttl_seconds=1, max_responses=1)).linger == 0.02
     response = _long_message_ending(True)[-1]["response"]
     path = tmp_path / "r.sqlite3"
     store = WriteBehind(SQLiteStore(path, ttl_seconds=3600, max_responses=100), linger=linger)
