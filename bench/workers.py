@@ -1,20 +1,22 @@
 """How `serve --workers N` scales: streamed Responses with 1 and 2 workers, each next to a relay with as many
 processes, in the default configuration (store on, SQLite).
 
-    .venv/bin/python -m bench.workers               # ~2 minutes: 3 interleaved rounds of each row
+    .venv/bin/python -m bench.workers               # ~3 minutes: 4 interleaved rounds of each row
     .venv/bin/python -m bench.workers --wrk --burst # the same with wrk and a bursting upstream (less load beside)
 
 Row: streamed Responses, 100 tokens, k=5, concurrency 64, driven against the direct upstream, the relay
 (`bench.relay --workers N`) and the gateway (`serve --workers N`) back to back (bench/run.py's cells).
-The 1- and 2-worker stacks run one after the other, round after round, so machine noise hits both
-alike; medians over rounds. Nothing is pinned: with 2 workers the gateway needs both cores, so the
-1-worker row is unpinned too (the upstream and the load generator share the cores with it).
+The 1- and 2-worker stacks run side by side and the row alternates between them (A B, then B A, ...),
+so machine noise hits both alike; medians over rounds. Nothing is pinned: with 2 workers the gateway
+needs both cores, so the 1-worker row is unpinned too (the upstream and the load generator share the
+cores with it).
 Targets (issue 19): 2 workers >= 1.8x the streams/s of 1 worker, and >= 50% of a 2-worker relay's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
@@ -37,19 +39,28 @@ def run(out: Path, rounds: int, duration: float, *, demo_vocab: bool = False, pr
     canned = record_to_file([CASE], canned_path, use_qwen2=False if demo_vocab else None)
     plan = Plan(**{**QUICK.__dict__, "duration": duration, "max_seconds": max(4 * duration, 2.0)})
     cells: dict[int, list[dict[str, Any]]] = {n: [] for n in WORKERS}
-    for round_ in range(rounds):
+    with contextlib.ExitStack() as running:
+        # Both stacks run side by side (the idle one takes no CPU), alternating A B, then B A, ...: a machine
+        # that speeds up or slows down over the run hits both alike.
+        stacks = {}
         for workers in WORKERS:
-            with start_stack(canned, canned_path, out, burst=burst, pin=False, store="sqlite",
-                             workers=workers) as stack:
+            where = out / f"workers-{workers}"
+            where.mkdir(exist_ok=True)
+            stacks[workers] = (running.enter_context(start_stack(canned, canned_path, where, burst=burst, pin=False,
+                                                                 store="sqlite", workers=workers)), where)
+        for round_ in range(rounds):
+            for workers in WORKERS if round_ % 2 == 0 else WORKERS[::-1]:
+                stack, where = stacks[workers]
                 if load == "wrk":
-                    cell = wrk_cell(stack, canned, CASE, CONCURRENCY, duration, out)
+                    cell = wrk_cell(stack, canned, CASE, CONCURRENCY, duration, where)
                 else:
                     cell = run_cell(stack, canned, CASE, CONCURRENCY, plan)
-            cells[workers].append(cell)
-            if progress:
-                g, r = cell["gateway"], cell["relay"]
-                print(f"round {round_ + 1} workers={workers}: gateway {g['rps']:.1f} streams/s, relay "
-                      f"{r['rps']:.1f}/s, direct {cell['direct']['rps']:.1f}/s, errors {g['errors']}", flush=True)
+                cells[workers].append(cell)
+                if progress:
+                    g, r = cell["gateway"], cell["relay"]
+                    print(f"round {round_ + 1} workers={workers}: gateway {g['rps']:.1f} streams/s, relay "
+                          f"{r['rps']:.1f}/s, direct {cell['direct']['rps']:.1f}/s, errors {g['errors']}",
+                          flush=True)
     summary = {n: {"streams_per_s": _median([c["gateway"]["rps"] for c in cells[n]]),
                    "relay_streams_per_s": _median([c["relay"]["rps"] for c in cells[n]]),
                    "direct_streams_per_s": _median([c["direct"]["rps"] for c in cells[n]]),
@@ -90,7 +101,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.workers", description="serve --workers 1 vs 2")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out-workers")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per measured window")
     parser.add_argument("--demo-vocab", action="store_true", help="the demo tokenizer even if Qwen2 is present")
     parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
