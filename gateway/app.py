@@ -525,7 +525,7 @@ async def _first_events(exchange: _Exchange, replica: Replica, response: aiohttp
         raise _Retryable(upstream_error(f"upstream {exchange.route.upstream_name!r} ended the stream before any "
                                         "event"), "malformed") from None
     for data in first:
-        if b'"error"' in data:
+        if data.find(b'"error"') >= 0:  # (not `in`: for bytes it builds and drops a TypeError first, per event)
             try:
                 payload = orjson.loads(data)
             except orjson.JSONDecodeError:

@@ -146,6 +146,11 @@ def _fragment(entries: list[Any]) -> orjson.Fragment:
     return fragment
 
 
+# Byte values, not one-byte strings: `b"\n" in chunk` first tries the operand as an int and builds (then
+# drops) a TypeError, ~8x the cost of `10 in chunk` (a memchr); twice per network read of every stream.
+_LF, _CR = ord("\n"), ord("\r")
+
+
 async def data_payloads(lines: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
     """Yield each event's data (multi-line data joined by newlines), stopping at `[DONE]`.
 
@@ -165,7 +170,7 @@ async def data_batches(lines: AsyncIterable[bytes]) -> AsyncIterator[list[bytes]
     if hasattr(lines, "iter_any"):
         pending: list[bytes] = []  # the start of a line whose end has not arrived
         async for chunk in lines.iter_any():
-            if b"\n" not in chunk:
+            if _LF not in chunk:
                 pending.append(chunk)
                 continue
             if pending:
@@ -176,7 +181,7 @@ async def data_batches(lines: AsyncIterable[bytes]) -> AsyncIterator[list[bytes]
             rest = split.pop()
             if rest:
                 pending.append(rest)
-            if b"\r" in chunk:
+            if _CR in chunk:
                 split = [line.rstrip(b"\r") for line in split]
             payloads, done = _events(split, buffer)
             if payloads:

@@ -111,7 +111,7 @@ def _read(token: Any, raw_bytes: Any, options: ParseOptions, token_id: int | Non
         data = _as_bytes(raw_bytes)
         if options.trust_bytes or not _is_valid_utf8(data):
             return _Reading(token, data, None, False, Origin.EXACT)
-        if data and _REPLACED not in data:
+        if data and data.find(_REPLACED) < 0:  # (not `in`: for bytes it builds and drops a TypeError first)
             # Valid text: right unless the server merged neighbours into it; alignment checks.
             return _Reading(data.decode(), None, None, False, Origin.TEXT)
     if options.pieces and vocab is not None:
