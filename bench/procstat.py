@@ -26,6 +26,30 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS  # utime + stime, in clock ticks
 
 
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (its worker processes, theirs, ...), from /proc/<pid>/task/*/children."""
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
+        try:
+            for task in Path(f"/proc/{parent}/task").iterdir():
+                try:
+                    children = [int(child) for child in (task / "children").read_text().split()]
+                except (OSError, ValueError):
+                    continue
+                found += children
+                stack += children
+        except OSError:
+            continue
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """cpu_seconds of `pid` and every process below it (`serve --workers N`: the workers do the work)."""
+    return sum(cpu_seconds(each) for each in (pid, *descendants(pid)))
+
+
 def _status_kb(pid: int, key: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(key + ":"):

@@ -257,7 +257,9 @@ def measure(stack: Stack, canned: dict[str, Any], case: Case, target: str, concu
         cpu_pids[target] = middle.pid
         procstat.reset_peak(middle.pid)
     probe_before = speed.probe_ms()  # before the counters: its own CPU is not the cell's
-    before = {name: procstat.cpu_seconds(pid) for name, pid in cpu_pids.items()}
+    # With workers (bench.workers) the process under test is a parent whose children do the work: their CPU
+    # counts as its own, not as other load on the machine.
+    before = {name: procstat.tree_cpu_seconds(pid) for name, pid in cpu_pids.items()}
     busy_before = procstat.machine_busy_seconds()
     steal_before = procstat.machine_steal_seconds()
     job_start = time.monotonic()
@@ -266,7 +268,7 @@ def measure(stack: Stack, canned: dict[str, Any], case: Case, target: str, concu
     busy = procstat.machine_busy_seconds() - busy_before
     steal = procstat.machine_steal_seconds() - steal_before
     job_wall = time.monotonic() - job_start
-    after = {name: procstat.cpu_seconds(pid) for name, pid in cpu_pids.items()}
+    after = {name: procstat.tree_cpu_seconds(pid) for name, pid in cpu_pids.items()}
     used = {name: after[name] - before[name] for name in cpu_pids}
     # How fast the machine ran around this job (bench/speed.py): the slower of the two probes.
     result["probe_ms"] = round(max(probe_before, speed.probe_ms()), 3)

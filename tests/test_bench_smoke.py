@@ -115,3 +115,28 @@ def test_the_speed_probe_says_when_the_machine_slowed_down_during_a_run():
     slowed = speed.spread([2.0, 1.0, 1.2, 1.1])
     assert slowed["median"] == 1.15 and slowed["slowdown"] == 2.0
     assert "2.00× between its fastest and slowest" in speed.sentence(slowed)
+
+
+def test_a_parents_cpu_includes_its_workers(tmp_path):
+    """bench.workers measures `serve --workers 2`, whose parent only supervises: the CPU the cells count for
+    the process under test is its whole tree's, or the workers' work would show as other load."""
+    import subprocess
+    import sys
+    import time
+
+    from bench import procstat
+
+    script = tmp_path / "parent.py"
+    script.write_text("import subprocess, sys\n"
+                      "subprocess.Popen([sys.executable, '-c', 'x = 0\\nwhile True:\\n    x += 1']).wait()\n")
+    parent = subprocess.Popen([sys.executable, str(script)])
+    try:
+        deadline = time.monotonic() + 30
+        while not procstat.descendants(parent.pid) or procstat.tree_cpu_seconds(parent.pid) < 0.5:
+            assert time.monotonic() < deadline, "the child never ran"
+            time.sleep(0.05)
+        assert procstat.cpu_seconds(parent.pid) < 0.4  # the parent itself waits
+    finally:
+        for child in procstat.descendants(parent.pid):
+            os.kill(child, 9)
+        parent.wait()
