@@ -236,9 +236,10 @@ PLAIN_BELOW = 256
 def pack(raw: bytes, parts: Parts | None, level: int = LEVEL) -> bytes:
     """The compact form of `raw` from its `columns` (None: raw kept as JSON; else raw is not read), deflated
     (a short JSON value, PLAIN_BELOW, is kept as it is)."""
-    if parts is None or not parts[2]:  # kept as JSON, or no list found: the skeleton is the JSON
-        if len(raw) < PLAIN_BELOW and raw[:1] in (b"{", b"["):
-            return raw
+    if parts is None or not parts[2]:  # kept as JSON, or no list found: then the skeleton is the JSON
+        plain = raw if parts is None else parts[0]
+        if len(plain) < PLAIN_BELOW and plain[:1] in (b"{", b"["):
+            return plain
         if parts is None:
             return encode_plain(raw, level)
     skeleton, table, list_lengths, counts, indices, floats, kind = parts
