@@ -6,10 +6,11 @@
 Rows, each driven against the direct upstream, the relay and the gateway back to back (bench/run.py's
 cells): non-streamed Responses, 100 tokens, k=5, concurrency 1 (added p50, the gateway's against the
 relay's) and streamed, 100 tokens, k=5, concurrency 16 (streams/s). The two stacks run side by side and
-each row alternates between them (A B, then B A, ...), so machine noise hits both alike; medians over
-rounds. Then the SQLite file: its size after a WAL checkpoint over the responses it holds (bytes per
-stored response), and after VACUUM. Targets (issue 19): the default store costs at most 15% over `store: none`; a stored
-100-token k=5 response takes at most 8 KB.
+each row alternates between them (A B, then B A, ...), so machine noise hits both alike; the tables
+give medians over rounds, the store's overhead is the median of each round's pair (two cells that ran
+next to each other), with every round's shown. Then the SQLite file: its size after a WAL checkpoint
+over the responses it holds (bytes per stored response), and after VACUUM. Targets (issue 19): the
+default store costs at most 15% over `store: none`; a stored 100-token k=5 response takes at most 8 KB.
 """
 
 from __future__ import annotations
@@ -92,17 +93,29 @@ def run(out: Path, rounds: int, duration: float, gateway_src: Path | None = None
             "nonstream_cpu_ms": _median([1000 * c["gateway"]["cpu_s"] / max(c["gateway"]["sent"], 1) for c in full]),
             "stream_cpu_ms": _median([1000 * c["gateway"]["cpu_s"] / max(c["gateway"]["sent"], 1) for c in stream]),
         }
-    default, none = summary["sqlite"], summary["none"]
-    overhead = {
-        "nonstream_added_p50": default["nonstream_added_p50_ms"] / none["nonstream_added_p50_ms"] - 1,
-        "streams_per_s": 1 - default["streams_per_s"] / none["streams_per_s"],  # the share of streams/s lost
+    # Each round's two cells ran next to each other: the overhead is taken round by round (the store's cell
+    # against its neighbour), then the median, so a machine that drifts over the run cancels out.
+    (full_key, stream_key) = (case.key for case, _ in ROWS)
+    pairs = {key: list(zip(cells["sqlite"][key], cells["none"][key], strict=True)) for key in (full_key, stream_key)}
+
+    def cpu_ms(cell: dict[str, Any]) -> float:
+        return 1000 * cell["gateway"]["cpu_s"] / max(cell["gateway"]["sent"], 1)
+
+    per_round = {
+        "nonstream_added_p50": [a["added_p50_ms"]["gateway"] / b["added_p50_ms"]["gateway"] - 1
+                                for a, b in pairs[full_key]],
+        "streams_per_s": [1 - a["gateway"]["rps"] / b["gateway"]["rps"] for a, b in pairs[stream_key]],  # share lost
+        "nonstream_cpu": [cpu_ms(a) / cpu_ms(b) - 1 for a, b in pairs[full_key]],
+        "stream_cpu": [cpu_ms(a) / cpu_ms(b) - 1 for a, b in pairs[stream_key]],
     }
-    cpu = {"nonstream": default["nonstream_cpu_ms"] / none["nonstream_cpu_ms"] - 1,
-           "stream": default["stream_cpu_ms"] / none["stream_cpu_ms"] - 1}
+    overhead = {"nonstream_added_p50": _median(per_round["nonstream_added_p50"]),
+                "streams_per_s": _median(per_round["streams_per_s"])}
+    cpu = {"nonstream": _median(per_round["nonstream_cpu"]), "stream": _median(per_round["stream_cpu"])}
     probes = speed.spread([cell[target]["probe_ms"] for by_row in cells.values() for row_cells in by_row.values()
                            for cell in row_cells for target in TARGETS])
     return {"machine": machine(), "rounds": rounds, "duration": duration, "summary": summary, "probe_ms": probes,
-            "vocab": canned["vocab"], "overhead": overhead, "cpu_overhead": cpu, "file": figures,
+            "vocab": canned["vocab"], "overhead": overhead, "cpu_overhead": cpu, "per_round": per_round,
+            "file": figures,
             "gateway_src": str(gateway_src) if gateway_src else None}
 
 
@@ -120,10 +133,18 @@ def markdown(report: dict[str, Any], command: str) -> str:
                      f"{row['relay_streams_per_s']:.1f} | {share:.0f}% "
                      f"| {row['nonstream_cpu_ms']:.2f}, {row['stream_cpu_ms']:.2f} | {row['errors']} |")
     ok = "met" if max(o.values()) <= 0.15 else "MISSED"
-    lines += ["", f"Store overhead over `store: none` (target ≤ 15%, {ok}): non-streamed added p50 "
-                  f"{100 * o['nonstream_added_p50']:+.0f}%, streams/s {-100 * o['streams_per_s']:+.0f}%.",
-              f"Gateway CPU per request over `store: none`: non-streamed "
-              f"{100 * cpu['nonstream']:+.0f}%, streamed {100 * cpu['stream']:+.0f}%.",
+    rounds = report["per_round"]
+
+    def each(key: str, sign: int = 1) -> str:
+        return ", ".join(f"{sign * 100 * value:+.0f}%" for value in rounds[key])
+
+    lines += ["", f"Store overhead over `store: none`, the median of each round's pair (target ≤ 15%, {ok}): "
+                  f"non-streamed added p50 {100 * o['nonstream_added_p50']:+.0f}% "
+                  f"(rounds: {each('nonstream_added_p50')}), streams/s {-100 * o['streams_per_s']:+.0f}% "
+                  f"(rounds: {each('streams_per_s', -1)}).",
+              f"Gateway CPU per request over `store: none`: non-streamed {100 * cpu['nonstream']:+.0f}% "
+              f"(rounds: {each('nonstream_cpu')}), streamed {100 * cpu['stream']:+.0f}% "
+              f"(rounds: {each('stream_cpu')}).",
               f"Bytes per stored response (target ≤ 8,192): {f['bytes_per_response']:,.0f} after checkpoint over "
               f"{f['responses']:,} responses ({f['vacuumed_bytes_per_response']:,.0f} after VACUUM; the rows' blobs "
               f"{f['blob_bytes_per_response']:,.0f}).", speed.sentence(report["probe_ms"])]

@@ -42,8 +42,12 @@ def test_tiny_benchmark_run_writes_a_complete_report_with_no_errors(tmp_path):
 def test_store_benchmark_compares_the_default_store_with_none_and_measures_the_file(tmp_path):
     from bench import store
 
-    report = store.run(tmp_path, rounds=1, duration=0.05, pin=False, demo_vocab=True, progress=False)
+    report = store.run(tmp_path, rounds=2, duration=0.05, pin=False, demo_vocab=True, progress=False)
     assert set(report["summary"]) == {"sqlite", "none"}
+    # The overhead is taken round by round (each pair ran side by side), every round's kept.
+    assert all(len(values) == 2 for values in report["per_round"].values())
+    lost = report["per_round"]["streams_per_s"]
+    assert report["overhead"]["streams_per_s"] == pytest.approx(sum(lost) / 2)  # the median of two
     for row in report["summary"].values():
         assert row["errors"] == 0 and row["streams_per_s"] > 0 and row["nonstream_added_p50_ms"] is not None
     figures = report["file"]
@@ -53,6 +57,7 @@ def test_store_benchmark_compares_the_default_store_with_none_and_measures_the_f
     assert report["probe_ms"]["min"] > 0
     text = store.markdown(report, "pytest")
     assert "Bytes per stored response" in text and "Machine speed: a fixed probe" in text
+    assert text.count("(rounds: ") == 4
 
 
 def test_workers_benchmark_runs_one_and_two_worker_stacks_with_no_errors(tmp_path):
