@@ -299,6 +299,28 @@ async def test_saving_a_stored_id_again_replaces_its_row_and_its_item_rows(tmp_p
         assert db.execute("SELECT COUNT(*) FROM responses").fetchone() == (2,)
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread niceness is Linux's")
+async def test_the_sqlite_writer_thread_runs_at_a_lower_priority_than_the_event_loop(tmp_path):
+    """Deflating and committing are background work: the writer thread is niced (so it does not preempt the
+    event loop on a shared core); the reader thread, which requests wait on, is not."""
+    import os
+    import threading
+
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    from gateway.store.sqlite import WRITER_NICENESS
+
+    store = SQLiteStore(tmp_path / "r.sqlite3", ttl_seconds=3600, max_responses=100)
+    await store.open()
+    try:
+        loop = niceness()
+        assert await store._run(niceness) == min(19, loop + WRITER_NICENESS)
+        assert await store._run_read(niceness) == loop
+    finally:
+        await store.close()
+
+
 def _answer_with_batch(vocab, tokens: int):
     """A non-streamed Response rendered from a whole body's TokenBatch, and its logprob lists (store.codec)."""
     from gateway.logprobs.body_scan import load_chat_body
