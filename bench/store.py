@@ -1,6 +1,6 @@
 """What the response store costs: the default configuration (store on, SQLite) against `store: none`.
 
-    .venv/bin/python -m bench.store                 # ~2 minutes: 4 interleaved rounds of each row
+    .venv/bin/python -m bench.store                 # ~4 minutes: 4 interleaved rounds of each row
     .venv/bin/python -m bench.store --gateway-src DIR   # the same for another source tree (A/B)
 
 Rows, each driven against the direct upstream, the relay and the gateway back to back (bench/run.py's
@@ -49,6 +49,11 @@ def _file_figures(path: Path) -> dict[str, Any]:
             "blob_bytes_per_response": payload / count if count else None}
 
 
+def _cpu_ms(cell: dict[str, Any]) -> float:
+    """The gateway process's own CPU (the writer thread included) per request, in ms."""
+    return 1000 * cell["gateway"]["cpu_s"] / max(cell["gateway"]["sent"], 1)
+
+
 def run(out: Path, rounds: int, duration: float, gateway_src: Path | None = None, *, pin: bool = True,
         demo_vocab: bool = False, progress: bool = True) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
@@ -90,23 +95,19 @@ def run(out: Path, rounds: int, duration: float, gateway_src: Path | None = None
             "errors": sum(c["gateway"]["errors"] for c in full + stream),
             # The gateway process's own CPU (the writer thread included) per request: steadier than
             # latency on a machine other jobs keep busy.
-            "nonstream_cpu_ms": _median([1000 * c["gateway"]["cpu_s"] / max(c["gateway"]["sent"], 1) for c in full]),
-            "stream_cpu_ms": _median([1000 * c["gateway"]["cpu_s"] / max(c["gateway"]["sent"], 1) for c in stream]),
+            "nonstream_cpu_ms": _median([_cpu_ms(c) for c in full]),
+            "stream_cpu_ms": _median([_cpu_ms(c) for c in stream]),
         }
     # Each round's two cells ran next to each other: the overhead is taken round by round (the store's cell
     # against its neighbour), then the median, so a machine that drifts over the run cancels out.
     (full_key, stream_key) = (case.key for case, _ in ROWS)
     pairs = {key: list(zip(cells["sqlite"][key], cells["none"][key], strict=True)) for key in (full_key, stream_key)}
-
-    def cpu_ms(cell: dict[str, Any]) -> float:
-        return 1000 * cell["gateway"]["cpu_s"] / max(cell["gateway"]["sent"], 1)
-
     per_round = {
         "nonstream_added_p50": [a["added_p50_ms"]["gateway"] / b["added_p50_ms"]["gateway"] - 1
                                 for a, b in pairs[full_key]],
         "streams_per_s": [1 - a["gateway"]["rps"] / b["gateway"]["rps"] for a, b in pairs[stream_key]],  # share lost
-        "nonstream_cpu": [cpu_ms(a) / cpu_ms(b) - 1 for a, b in pairs[full_key]],
-        "stream_cpu": [cpu_ms(a) / cpu_ms(b) - 1 for a, b in pairs[stream_key]],
+        "nonstream_cpu": [_cpu_ms(a) / _cpu_ms(b) - 1 for a, b in pairs[full_key]],
+        "stream_cpu": [_cpu_ms(a) / _cpu_ms(b) - 1 for a, b in pairs[stream_key]],
     }
     overhead = {"nonstream_added_p50": _median(per_round["nonstream_added_p50"]),
                 "streams_per_s": _median(per_round["streams_per_s"])}
