@@ -177,6 +177,21 @@ def _await_http(url: str, proc: Proc, timeout: float = 90.0) -> None:
     raise RuntimeError(f"{proc.name} did not answer {url} within {timeout:.0f}s")
 
 
+def _compiled_twins(tree: Path) -> list[str]:
+    return sorted(path.name for path in (tree / "gateway" / "logprobs").glob("_fastpath*.so"))
+
+
+def _check_source_tree(source: Path) -> None:
+    """A before/after tree must run the same twin as this one: a checkout without the built extension
+    silently runs the pure-Python twin and measures something else (seen: 282 MB instead of 165)."""
+    missing = set(_compiled_twins(ROOT)) - set(_compiled_twins(source))
+    if missing:
+        raise SystemExit(f"--gateway-src {source} lacks the compiled core this tree has "
+                         f"({', '.join(sorted(missing))}): it would run the pure-Python twin. "
+                         f"Build it there (cd {source} && {sys.executable} setup.py build_ext --inplace) "
+                         "or copy the file.")
+
+
 def _gateway_argv(config: Path, source: Path | None = None) -> list[str]:
     script = Path(sys.executable).with_name("responses-gateway")
     if script.is_file() and source is None:
@@ -189,6 +204,8 @@ def start_stack(canned: dict[str, Any], canned_path: Path, out: Path, *, burst: 
                 store: str = "none", gateway_src: Path | None = None, workers: int = 1) -> Iterator[Stack]:
     """The upstream, relay, gateway and load generator; with `workers` > 1 the relay and the gateway
     each run that many processes (bench.workers)."""
+    if gateway_src is not None:
+        _check_source_tree(gateway_src)
     under_test, environment = _cpu_sets() if pin else (None, None)
     procs: list[Proc] = []
     try:
