@@ -31,7 +31,13 @@ from gateway.errors import GatewayError, bad_request, upstream_error, upstream_t
 from gateway.logprobs.align import AlignmentError
 from gateway.logprobs.parse import ParseOptions
 from gateway.loop_lag import LoopLag
-from gateway.memory import DEFAULT_READ_BUFSIZE, configured_read_bufsize, stream_read_bufsize
+from gateway.memory import (
+    DEFAULT_READ_BUFSIZE,
+    LONG_STREAM_READ_BUFSIZE,
+    configured_read_bufsize,
+    is_long_stream,
+    small_window_socket,
+)
 from gateway.metrics import Metrics, ReportCounters
 from gateway.middleware import (
     REQUEST_ID_HEADER,
@@ -71,6 +77,7 @@ class GatewayState:
     routes: dict[str, Route]
     metrics: Metrics = field(default_factory=Metrics)
     session: aiohttp.ClientSession | None = None
+    long_stream_session: aiohttp.ClientSession | None = None  # its own pool: small receive windows (gateway.memory)
     read_bufsize: int | None = None  # RESPONSES_GATEWAY_UPSTREAM_READ_BUFSIZE if set: one size for all
     draining: bool = False
     in_flight: int = 0
@@ -239,7 +246,7 @@ class _Exchange:
     step_usage: dict[str, Any] | None = None
     # Awaited once the final output exists, before the client gets it (the response store queues its save here).
     on_final: Callable[[], Awaitable[None]] | None = None
-    read_bufsize: int | None = None  # the upstream response's read size if not the session's (gateway.memory)
+    long_stream: bool = False  # the upstream stream may run long: it goes through state.long_stream_session
 
     def labels(self) -> tuple[str, str, str, str]:
         return (self.route.model, self.route.upstream_name, self.front_door, "true" if self.stream else "false")
@@ -277,9 +284,9 @@ async def serve_generation(request: web.Request, front_door: str, gen: Generatio
             state.metrics.refused.labels(route.model, front_door, exc.param or "").inc()
         raise
     metrics = state.metrics
+    long_stream = gen.stream and is_long_stream(gen.max_tokens, state.read_bufsize)
     exchange = _Exchange(route, front_door, gen.stream, metrics.report_counters(route.model, route.upstream_name),
-                         on_final=on_final, read_bufsize=stream_read_bufsize(gen.max_tokens, state.read_bufsize)
-                         if gen.stream else None)
+                         on_final=on_final, long_stream=long_stream)
     request["log"].update(model=route.model, upstream=route.upstream_name, stream=gen.stream)
     in_flight = metrics.child(metrics.in_flight, front_door)
     in_flight.inc()
@@ -441,7 +448,8 @@ async def _open_upstream(request: web.Request, state: GatewayState, exchange: _E
                          call: UpstreamCall) -> tuple[aiohttp.ClientResponse, Batches | None]:
     """POST upstream and wait for its headers (and, streaming, its first events). Faults here are
     retryable (nothing was sent yet); the upstream's verdict on the request is raised as it is."""
-    assert state.session is not None
+    session = state.long_stream_session if exchange.long_stream else state.session
+    assert session is not None
     route = exchange.route
     timeouts = route.upstream.timeouts
     timeout = _client_timeout(timeouts)
@@ -453,8 +461,8 @@ async def _open_upstream(request: web.Request, state: GatewayState, exchange: _E
     try:
         async with asyncio.timeout_at(deadline):
             headers = _upstream_headers(request, route, state.config)
-            response = await state.session.post(replica.url + call.path, data=orjson.dumps(call.body),
-                                                timeout=timeout, headers=headers, read_bufsize=exchange.read_bufsize)
+            response = await session.post(replica.url + call.path, data=orjson.dumps(call.body),
+                                          timeout=timeout, headers=headers)
             if response.status < 400 and exchange.stream:
                 batches = await _first_events(exchange, replica, response, deadline)
     except aiohttp.ConnectionTimeoutError:  # (a TimeoutError too) the gateway's own connect budget
@@ -834,6 +842,9 @@ async def _on_startup(app: web.Application) -> None:
     state.read_bufsize = configured_read_bufsize(os.environ)
     state.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=256),
                                           read_bufsize=state.read_bufsize or DEFAULT_READ_BUFSIZE)
+    state.long_stream_session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=256, socket_factory=small_window_socket),
+        read_bufsize=LONG_STREAM_READ_BUFSIZE)
     state.probes.append(asyncio.create_task(state.loop_lag.run()))
     start_probes(state)
 
@@ -871,8 +882,9 @@ async def _on_cleanup(app: web.Application) -> None:
     state = app[STATE]
     await stop_probes(state)
     await _cancel(state.probes)
-    if state.session is not None:
-        await state.session.close()
+    for session in (state.session, state.long_stream_session):
+        if session is not None:
+            await session.close()
 
 
 def _warn_per_character(routes: dict[str, Route]) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import gc
 import json
 import logging
+import socket
 import sys
 from typing import Any
 
@@ -201,19 +202,26 @@ def test_demo_refuses_a_bad_read_buffer_size_as_serve_does(monkeypatch, capsys):
 # ----------------------------------------------------------------------------- long streams read less ahead
 
 
-@pytest.mark.parametrize(("max_tokens", "configured", "size"), [
-    (None, None, memory.LONG_STREAM_READ_BUFSIZE), (257, None, memory.LONG_STREAM_READ_BUFSIZE),
-    (256, None, None), (16, None, None), (None, 8192, None), (4096, 65536, None)])
-def test_a_stream_that_may_run_long_reads_less_ahead_unless_one_size_is_configured(max_tokens, configured, size):
-    assert memory.stream_read_bufsize(max_tokens, configured) == size
+@pytest.mark.parametrize(("max_tokens", "configured", "long"), [
+    (None, None, True), (257, None, True), (256, None, False), (16, None, False), (None, 8192, False),
+    (4096, 65536, False)])
+def test_a_stream_that_may_run_long_is_a_long_stream_unless_one_read_size_is_configured(max_tokens, configured, long):
+    assert memory.is_long_stream(max_tokens, configured) is long
 
 
-@pytest.mark.parametrize(("stream", "max_tokens", "configured", "limits"), [
-    (True, None, None, (16384, 32768)), (True, 1000, None, (16384, 32768)), (True, 8, None, (65536, 131072)),
-    (False, 1000, None, (65536, 131072)), (True, 1000, "8192", (8192, 16384))])
-async def test_the_upstream_response_of_a_long_stream_is_read_16_kb_at_a_time(
-        monkeypatch, aiohttp_server, demo_vocab, stream, max_tokens, configured, limits):
-    """What the gateway's upstream responses really buffer (aiohttp's reader limits), per request."""
+def _tcp_rmem_default() -> int:
+    with open("/proc/sys/net/ipv4/tcp_rmem") as rmem:
+        return int(rmem.read().split()[1])
+
+
+@pytest.mark.parametrize(("stream", "max_tokens", "configured", "limits", "small_window"), [
+    (True, None, None, (16384, 32768), True), (True, 1000, None, (16384, 32768), True),
+    (True, 8, None, (65536, 131072), False), (False, 1000, None, (65536, 131072), False),
+    (True, 1000, "8192", (8192, 16384), False)])
+async def test_the_upstream_response_of_a_long_stream_is_read_16_kb_at_a_time_through_a_small_window(
+        monkeypatch, aiohttp_server, demo_vocab, stream, max_tokens, configured, limits, small_window):
+    """What the gateway's upstream responses really buffer, per request: aiohttp's reader limits, and
+    the kernel receive buffer of the socket the response came on (Linux reports twice what was asked)."""
     from gateway.app import STATE
     from tests.e2e import start_stack
 
@@ -221,23 +229,48 @@ async def test_the_upstream_response_of_a_long_stream_is_read_16_kb_at_a_time(
         monkeypatch.delenv(memory.READ_BUFSIZE_ENV, raising=False)
     else:
         monkeypatch.setenv(memory.READ_BUFSIZE_ENV, configured)
-    stack = await start_stack(aiohttp_server, demo_vocab)
-    session = stack.gateway.app[STATE].session
-    seen: list[tuple[int, int]] = []
-    post = session.post
+    # No health checks: the request opens the only upstream connection, through the pool it was given.
+    stack = await start_stack(aiohttp_server, demo_vocab, upstream_options={"health_interval": 0})
+    state = stack.gateway.app[STATE]
+    read_limits_seen: list[tuple[int, int]] = []
+    sockets_opened: list[socket.socket] = []
 
-    async def recording_post(*args, **kwargs):
-        response = await post(*args, **kwargs)
-        seen.append(response.content.get_read_buffer_limits())
-        return response
+    def recording(session: aiohttp.ClientSession) -> None:
+        post = session.post
+        connector = session.connector
+        make_socket = connector._socket_factory  # None: aiohappyeyeballs makes a plain socket
 
-    monkeypatch.setattr(session, "post", recording_post)
+        async def recording_post(*args, **kwargs):
+            response = await post(*args, **kwargs)
+            read_limits_seen.append(response.content.get_read_buffer_limits())
+            return response
+
+        def recording_socket_factory(addr_info):
+            family, type_, proto, _, _ = addr_info
+            sock = make_socket(addr_info) if make_socket else socket.socket(family, type_, proto)
+            sockets_opened.append(sock)
+            return sock
+
+        monkeypatch.setattr(session, "post", recording_post)
+        monkeypatch.setattr(connector, "_socket_factory", recording_socket_factory)
+
+    recording(state.session)
+    recording(state.long_stream_session)
     request = {"model": stack.model, "input": "hi", "stream": stream, "max_output_tokens": max_tokens}
     async with aiohttp.ClientSession() as client, client.post(stack.url("/v1/responses"), json=request,
                                                           headers={"Authorization": "Bearer test-key"}) as reply:
         assert reply.status == 200, await reply.text()
         await reply.read()
-    assert seen == [limits]
+    [read_limits] = read_limits_seen
+    [sock] = sockets_opened
+    assert read_limits == limits
+    receive_buffer = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    if not sys.platform.startswith("linux"):
+        return
+    if small_window:
+        assert receive_buffer == 2 * memory.LONG_STREAM_RECEIVE_BUFFER
+    else:  # the kernel's own, autotuned upward from tcp_rmem's default
+        assert receive_buffer >= _tcp_rmem_default() > 2 * memory.LONG_STREAM_RECEIVE_BUFFER
 
 
 # ----------------------------------------------------------------------------- what a finished request holds
