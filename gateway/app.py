@@ -36,7 +36,8 @@ from gateway.memory import (
     LONG_STREAM_READ_BUFSIZE,
     configured_read_bufsize,
     is_long_stream,
-    small_window_socket,
+    long_stream_receive_buffer,
+    receive_buffer_socket_factory,
 )
 from gateway.metrics import Metrics, ReportCounters
 from gateway.middleware import (
@@ -843,7 +844,8 @@ async def _on_startup(app: web.Application) -> None:
     state.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=256),
                                           read_bufsize=state.read_bufsize or DEFAULT_READ_BUFSIZE)
     state.long_stream_session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, limit_per_host=256, socket_factory=small_window_socket),
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=256, socket_factory=receive_buffer_socket_factory(
+            long_stream_receive_buffer(os.environ))),
         read_bufsize=LONG_STREAM_READ_BUFSIZE)
     state.probes.append(asyncio.create_task(state.loop_lag.run()))
     start_probes(state)

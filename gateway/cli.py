@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway.config import Config, ConfigError, load_config, parse_config
-from gateway.memory import idle_trim_seconds, install_idle_trim, release_free_memory, upstream_read_bufsize
+from gateway.memory import check_environment, idle_trim_seconds, install_idle_trim, release_free_memory
 
 if TYPE_CHECKING:
     from gateway.logprobs.vocab import Vocab
@@ -39,7 +39,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         idle_trim = idle_trim_seconds(os.environ)
-        upstream_read_bufsize(os.environ)  # read again by the app at start-up; refused here, before loading
+        check_environment(os.environ)  # read again by the app at start-up; refused here, before loading
     except ValueError as exc:
         print(f"environment error: {exc}", file=sys.stderr)
         return 2
@@ -153,7 +153,7 @@ async def _demo(args: argparse.Namespace) -> int:
     from gateway.simulator.vllm import create_app as create_simulator
 
     try:
-        upstream_read_bufsize(os.environ)  # read by the app at start-up; refused here, as `serve` does
+        check_environment(os.environ)  # read by the app at start-up; refused here, as `serve` does
     except ValueError as exc:
         print(f"environment error: {exc}", file=sys.stderr)
         return 2

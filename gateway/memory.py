@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 
 READ_BUFSIZE_ENV = "RESPONSES_GATEWAY_UPSTREAM_READ_BUFSIZE"
+RECEIVE_BUFFER_ENV = "RESPONSES_GATEWAY_LONG_STREAM_RECEIVE_BUFFER"
 # Each upstream response buffers up to twice its read size before reading pauses; a gateway that is
 # CPU-bound behind a fast upstream holds that much per stream (measured, 256 concurrent 1,000-token
 # k=5 streams: peak RSS ~312 MB with 65536, ~234-261 with 16384, ~220 with 8192; streams/s on 1,000-token
@@ -36,10 +37,12 @@ READ_BUFSIZE_ENV = "RESPONSES_GATEWAY_UPSTREAM_READ_BUFSIZE"
 # ~256 KB (heaptrack: the parser's kept tails were the top of bench.memory's peak). Long streams
 # therefore connect through their own pool whose sockets ask for a 32 KB receive buffer (Linux
 # doubles it): the kernel queues at most that, and the upstream feels the backpressure through TCP
-# instead of the gateway's heap taking it. Its cost: one stream moves at most ~64 KB per round trip
-# (640 KB/s at 100 ms, ten times what a GPU server streams with k=5 logprobs). Kernel autotuning
-# stays on for every other upstream connection (their own pool), so large non-streamed bodies are
-# not slowed.
+# instead of the gateway's heap taking it. Its cost: one stream moves at most one window (~32-64 KB,
+# what the kernel advertises of that buffer) per round trip: 30+ MB/s at 1 ms, 0.3-0.6 MB/s at 100 ms,
+# where a GPU server streams ~0.1 MB/s at 100 tokens/s with k=5 logprobs (~800 B a token).
+# RECEIVE_BUFFER_ENV sets another size (0: the kernel's autotuned window) for an upstream far away.
+# Autotuning stays on for every other upstream connection (their own pool), so large non-streamed
+# bodies are not slowed.
 DEFAULT_READ_BUFSIZE = 1 << 16
 LONG_STREAM_READ_BUFSIZE = 1 << 14
 LONG_STREAM_RECEIVE_BUFFER = 1 << 15
@@ -119,16 +122,45 @@ def is_long_stream(max_tokens: int | None, configured: int | None) -> bool:
     return configured is None and (max_tokens is None or max_tokens > LONG_STREAM_TOKENS)
 
 
-def small_window_socket(addr_info: tuple[Any, ...]) -> socket.socket:
-    """A socket for aiohttp's connector (`socket_factory`) whose kernel receive buffer is fixed at
-    LONG_STREAM_RECEIVE_BUFFER before it connects, so the window it advertises is small from the first
-    byte. The event loop reads up to 256 KB per recv and aiohttp's parser keeps what its paused reader
-    has not taken, so what the kernel has queued is what each stream can hold in the heap."""
-    family, kind, proto = addr_info[0], addr_info[1], addr_info[2]
-    sock = socket.socket(family=family, type=kind, proto=proto)
-    with contextlib.suppress(OSError):  # a platform without the option: the stream works, with the OS's window
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, LONG_STREAM_RECEIVE_BUFFER)
-    return sock
+def long_stream_receive_buffer(environ: Mapping[str, str]) -> int:
+    """The kernel receive buffer a long stream's socket asks for (`RESPONSES_GATEWAY_LONG_STREAM_RECEIVE_BUFFER`,
+    bytes; 0: the kernel's own, autotuned), checked."""
+    raw = environ.get(RECEIVE_BUFFER_ENV, "").strip()
+    if not raw:
+        return LONG_STREAM_RECEIVE_BUFFER
+    try:
+        size = int(raw)
+    except ValueError:
+        size = -1
+    if size != 0 and not 4096 <= size <= 1 << 24:
+        raise ValueError(f"{RECEIVE_BUFFER_ENV} must be 0 (the kernel's window) or a whole number of bytes "
+                         f"from 4096 to 16777216, not {raw!r}")
+    return size
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Read every upstream buffer setting once, so a bad one is refused before anything loads (ValueError)."""
+    upstream_read_bufsize(environ)
+    long_stream_receive_buffer(environ)
+
+
+def receive_buffer_socket_factory(receive_buffer: int) -> Callable[[tuple[Any, ...]], socket.socket] | None:
+    """A `socket_factory` for aiohttp's connector whose sockets fix their kernel receive buffer at
+    `receive_buffer` before they connect, so the window they advertise is small from the first byte
+    (None for 0: aiohttp's plain sockets). The event loop reads up to 256 KB per recv and aiohttp's
+    parser keeps what its paused reader has not taken, so what the kernel has queued is what each
+    stream can hold in the heap."""
+    if receive_buffer == 0:
+        return None
+
+    def small_window_socket(addr_info: tuple[Any, ...]) -> socket.socket:
+        family, kind, proto = addr_info[0], addr_info[1], addr_info[2]
+        sock = socket.socket(family=family, type=kind, proto=proto)
+        with contextlib.suppress(OSError):  # a platform without the option: the stream works, with the OS's window
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        return sock
+
+    return small_window_socket
 
 
 def resident_bytes() -> int:

@@ -55,6 +55,19 @@ def test_upstream_read_bufsize_refuses_what_is_not_a_sane_size(value):
         memory.upstream_read_bufsize({memory.READ_BUFSIZE_ENV: value})
 
 
+@pytest.mark.parametrize(("value", "size"), [(None, 32768), ("", 32768), ("0", 0), (" 4096 ", 4096),
+                                             ("1048576", 1048576)])
+def test_a_long_streams_receive_buffer_defaults_to_32_kb(value, size):
+    environ = {} if value is None else {memory.RECEIVE_BUFFER_ENV: value}
+    assert memory.long_stream_receive_buffer(environ) == size
+
+
+@pytest.mark.parametrize("value", ["32k", "-1", "4095", "16777217", "1.5"])
+def test_a_long_streams_receive_buffer_refuses_what_is_not_a_sane_size(value):
+    with pytest.raises(ValueError, match=memory.RECEIVE_BUFFER_ENV):
+        memory.long_stream_receive_buffer({memory.RECEIVE_BUFFER_ENV: value})
+
+
 @pytest.mark.parametrize(("value", "limits"), [(None, (65536, 131072)), ("8192", (8192, 16384))])
 async def test_upstream_responses_are_read_with_the_configured_buffer(monkeypatch, aiohttp_server, tmp_path,
                                                                       value, limits):
@@ -185,7 +198,8 @@ def test_serve_installs_the_idle_trim_the_environment_asks_for(monkeypatch, tmp_
     assert seen == {"interval": interval, "busy": [False, True], "served": True}
 
 
-@pytest.mark.parametrize(("name", "value"), [(ENV, "often"), (memory.READ_BUFSIZE_ENV, "big")])
+@pytest.mark.parametrize(("name", "value"), [(ENV, "often"), (memory.READ_BUFSIZE_ENV, "big"),
+                                             (memory.RECEIVE_BUFFER_ENV, "small")])
 def test_serve_refuses_a_bad_setting_before_loading_anything(monkeypatch, tmp_path, capsys, name, value):
     monkeypatch.setenv(name, value)
     monkeypatch.setattr(cli, "load_config", lambda path: pytest.fail("loaded the config"))
@@ -214,21 +228,28 @@ def _tcp_rmem_default() -> int:
         return int(rmem.read().split()[1])
 
 
-@pytest.mark.parametrize(("stream", "max_tokens", "configured", "limits", "small_window"), [
-    (True, None, None, (16384, 32768), True), (True, 1000, None, (16384, 32768), True),
-    (True, 8, None, (65536, 131072), False), (False, 1000, None, (65536, 131072), False),
-    (True, 1000, "8192", (8192, 16384), False)])
+_DEFAULT_WINDOW = memory.LONG_STREAM_RECEIVE_BUFFER
+
+
+@pytest.mark.parametrize(("stream", "max_tokens", "configured", "receive", "limits", "window"), [
+    (True, None, None, None, (16384, 32768), _DEFAULT_WINDOW),
+    (True, 1000, None, None, (16384, 32768), _DEFAULT_WINDOW),
+    (True, 8, None, None, (65536, 131072), None), (False, 1000, None, None, (65536, 131072), None),
+    (True, 1000, "8192", None, (8192, 16384), None),
+    (True, 1000, None, "24576", (16384, 32768), 24576), (True, 1000, None, "0", (16384, 32768), None)])
 async def test_the_upstream_response_of_a_long_stream_is_read_16_kb_at_a_time_through_a_small_window(
-        monkeypatch, aiohttp_server, demo_vocab, stream, max_tokens, configured, limits, small_window):
+        monkeypatch, aiohttp_server, demo_vocab, stream, max_tokens, configured, receive, limits, window):
     """What the gateway's upstream responses really buffer, per request: aiohttp's reader limits, and
-    the kernel receive buffer of the socket the response came on (Linux reports twice what was asked)."""
+    the kernel receive buffer of the socket the response came on (`window`: what it asked for, which
+    Linux reports doubled; None: the kernel's own)."""
     from gateway.app import STATE
     from tests.e2e import start_stack
 
-    if configured is None:
-        monkeypatch.delenv(memory.READ_BUFSIZE_ENV, raising=False)
-    else:
-        monkeypatch.setenv(memory.READ_BUFSIZE_ENV, configured)
+    for name, value in ((memory.READ_BUFSIZE_ENV, configured), (memory.RECEIVE_BUFFER_ENV, receive)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
     # No health checks: the request opens the only upstream connection, through the pool it was given.
     stack = await start_stack(aiohttp_server, demo_vocab, upstream_options={"health_interval": 0})
     state = stack.gateway.app[STATE]
@@ -267,8 +288,8 @@ async def test_the_upstream_response_of_a_long_stream_is_read_16_kb_at_a_time_th
     receive_buffer = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
     if not sys.platform.startswith("linux"):
         return
-    if small_window:
-        assert receive_buffer == 2 * memory.LONG_STREAM_RECEIVE_BUFFER
+    if window is not None:
+        assert receive_buffer == 2 * window
     else:  # the kernel's own, autotuned upward from tcp_rmem's default
         assert receive_buffer >= _tcp_rmem_default() > 2 * memory.LONG_STREAM_RECEIVE_BUFFER
 
