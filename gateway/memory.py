@@ -103,16 +103,23 @@ def upstream_read_bufsize(environ: Mapping[str, str]) -> int:
 
 def configured_read_bufsize(environ: Mapping[str, str]) -> int | None:
     """`RESPONSES_GATEWAY_UPSTREAM_READ_BUFSIZE` in bytes if it is set (checked), else None."""
-    raw = environ.get(READ_BUFSIZE_ENV, "").strip()
+    return _byte_size(environ, READ_BUFSIZE_ENV, 1024, "")
+
+
+def _byte_size(environ: Mapping[str, str], name: str, smallest: int, zero_means: str) -> int | None:
+    """Environment variable `name` as a whole number of bytes from `smallest` to 16 MB (or 0, when
+    `zero_means` says what 0 does); None when it is not set. ValueError names the variable."""
+    raw = environ.get(name, "").strip()
     if not raw:
         return None
     try:
         size = int(raw)
     except ValueError:
-        size = 0
-    if not 1024 <= size <= 1 << 24:
-        raise ValueError(f"{READ_BUFSIZE_ENV} must be a whole number of bytes from 1024 to 16777216, not {raw!r}")
-    return size
+        size = -1
+    if (size == 0 and zero_means) or smallest <= size <= 1 << 24:
+        return size
+    zero = f"0 ({zero_means}) or " if zero_means else ""
+    raise ValueError(f"{name} must be {zero}a whole number of bytes from {smallest} to 16777216, not {raw!r}")
 
 
 def is_long_stream(max_tokens: int | None, configured: int | None) -> bool:
@@ -125,17 +132,8 @@ def is_long_stream(max_tokens: int | None, configured: int | None) -> bool:
 def long_stream_receive_buffer(environ: Mapping[str, str]) -> int:
     """The kernel receive buffer a long stream's socket asks for (`RESPONSES_GATEWAY_LONG_STREAM_RECEIVE_BUFFER`,
     bytes; 0: the kernel's own, autotuned), checked."""
-    raw = environ.get(RECEIVE_BUFFER_ENV, "").strip()
-    if not raw:
-        return LONG_STREAM_RECEIVE_BUFFER
-    try:
-        size = int(raw)
-    except ValueError:
-        size = -1
-    if size != 0 and not 4096 <= size <= 1 << 24:
-        raise ValueError(f"{RECEIVE_BUFFER_ENV} must be 0 (the kernel's window) or a whole number of bytes "
-                         f"from 4096 to 16777216, not {raw!r}")
-    return size
+    size = _byte_size(environ, RECEIVE_BUFFER_ENV, 4096, "the kernel's window")
+    return LONG_STREAM_RECEIVE_BUFFER if size is None else size
 
 
 def check_environment(environ: Mapping[str, str]) -> None:
