@@ -43,10 +43,17 @@ def main(argv: list[str] | None = None) -> int:
     met = peak < TARGET_MB and errors == 0
     print(f"{args.streams} concurrent {args.tokens}-token streams, k=5, store {args.store}: gateway idle "
           f"{idle:.0f} MB, peak RSS {peak:.0f} MB (target < {TARGET_MB:.0f} MB), {result['sent']} streams, "
-          f"{errors} errors: {'met' if met else 'MISSED'} (speed probe {result['probe_ms']:.2f} ms, bench/speed.py)")
+          f"{errors} errors: {'met' if met else 'MISSED'} (gateway CPU {_cpu_ms_per_1k_tokens(result)} per 1k tokens, "
+          f"speed probe {result['probe_ms']:.2f} ms, bench/speed.py)")
     for example in result.get("error_examples", []):
         print(f"  error: {example}")
     return 0 if met else 1
+
+
+def _cpu_ms_per_1k_tokens(result: dict) -> str:
+    """The gateway's CPU per 1k tokens streamed: a change's cost in throughput, beside the streams the run completed."""
+    per_1k = result.get("cpu_s_per_1k_tokens")
+    return "n/a" if per_1k is None else f"{per_1k * 1000:.1f} ms"
 
 
 if __name__ == "__main__":
