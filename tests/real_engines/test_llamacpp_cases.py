@@ -9,6 +9,8 @@ strings. `/slots` shows what the gateway asked llama-server for (the last task's
 from __future__ import annotations
 
 import json
+import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -328,3 +330,48 @@ async def test_check_config_says_what_llama_cpp_bytes_are(real_llama_server, tmp
     assert process.returncode == 0, out
     assert "exact bytes from ids" not in out and "lossy strings" not in out
     assert "per character" in out and "20 alternatives, the server's raw bytes" in out
+
+
+# --- a long stream, through the long-stream pool -----------------------------------------------------
+
+COUNT = "Count from 1 to 200, one number per line."
+LONG = 300  # above gateway.memory.LONG_STREAM_TOKENS; ignore_eos makes every token come
+
+
+async def test_a_long_stream_comes_whole_through_the_small_receive_window(aiohttp_server, real_llama_server,
+                                                                           monkeypatch):
+    """The simulator tests (tests/test_memory_tuning.py) prove which pool each kind of request takes; this
+    one that a real server's long stream through the long-stream pool (gateway.memory) arrives whole, on a
+    socket with the small window. SmolLM2 on one thread is far slower than the gateway, so the window does
+    not fill here: holding a fast upstream back is bench.memory's to show."""
+    from gateway import memory
+    from gateway.app import STATE
+
+    for name in (memory.READ_BUFSIZE_ENV, memory.RECEIVE_BUFFER_ENV):
+        monkeypatch.delenv(name, raising=False)  # the defaults a user gets
+    # Straight to llama-server (no recording relay), no health checks: the stream opens the only connection.
+    stack = await start_gateway(aiohttp_server, real_llama_server, api="chat", record=False,
+                                upstream_options={"health_interval": 0})
+    connector = stack.gateway.app[STATE].long_stream_session.connector
+    make_socket = connector._socket_factory
+    receive_buffers: list[int] = []  # of each socket the pool opened (llama-server closes it after the stream)
+
+    def recording(addr_info):
+        sock = make_socket(addr_info)
+        receive_buffers.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+        return sock
+
+    monkeypatch.setattr(connector, "_socket_factory", recording)
+    _, own = await _post(stack.upstream("/v1/chat/completions"), _chat(COUNT, LONG, stream=True, ignore_eos=True))
+    own_text, own_entries, _ = _chat_reply(own, True)
+    response = await final_response(stack, True, input=COUNT, temperature=0, max_output_tokens=LONG,
+                                    top_logprobs=2, include=LOGPROBS, extra_body={"ignore_eos": True})
+
+    [receive_buffer] = receive_buffers
+    if sys.platform.startswith("linux"):  # Linux reports twice what was asked
+        assert receive_buffer == 2 * memory.LONG_STREAM_RECEIVE_BUFFER
+    part = response.output[0].content[0]
+    assert len(own_entries) == LONG
+    assert part.text == own_text
+    assert [bytes(entry.bytes) for entry in part.logprobs] == _spelled(own_entries)
+    assert_bytes_spell(b"".join(_spelled(own_entries)), part.text)
