@@ -145,9 +145,7 @@ def check_environment(environ: Mapping[str, str]) -> None:
 def receive_buffer_socket_factory(receive_buffer: int) -> Callable[[tuple[Any, ...]], socket.socket] | None:
     """A `socket_factory` for aiohttp's connector whose sockets fix their kernel receive buffer at
     `receive_buffer` before they connect, so the window they advertise is small from the first byte
-    (None for 0: aiohttp's plain sockets). The event loop reads up to 256 KB per recv and aiohttp's
-    parser keeps what its paused reader has not taken, so what the kernel has queued is what each
-    stream can hold in the heap."""
+    (None for 0: aiohttp's plain sockets). Why: the comment above DEFAULT_READ_BUFSIZE."""
     if receive_buffer == 0:
         return None
 

@@ -207,10 +207,11 @@ def test_serve_refuses_a_bad_setting_before_loading_anything(monkeypatch, tmp_pa
     assert name in capsys.readouterr().err
 
 
-def test_demo_refuses_a_bad_read_buffer_size_as_serve_does(monkeypatch, capsys):
-    monkeypatch.setenv(memory.READ_BUFSIZE_ENV, "big")
+@pytest.mark.parametrize(("name", "value"), [(memory.READ_BUFSIZE_ENV, "big"), (memory.RECEIVE_BUFFER_ENV, "small")])
+def test_demo_refuses_a_bad_buffer_size_as_serve_does(monkeypatch, capsys, name, value):
+    monkeypatch.setenv(name, value)
     assert cli.main(["demo"]) == 2
-    assert memory.READ_BUFSIZE_ENV in capsys.readouterr().err
+    assert name in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- long streams read less ahead
