@@ -179,6 +179,54 @@ def test_long_digit_strings_read_as_orjson_reads_them(digits, decimals, near_hal
         assert split[1][0].logprob.hex() == expected.hex(), text
 
 
+@pytest.mark.parametrize(("token", "logprob", "taken"), [
+    ('"token_id:007"', "-0.5", True),  # leading zeros: orjson's string, the id reader's 7
+    ('"token_id:7"', "-0.000000000000000000001234567", True),  # leading zeros are not significant digits
+    ('"token_id:7"', "-1.23456789012345678901", True),  # 21 significant digits: Python's reader
+    ('"token_id:7"', "-12345678901234567890.5", False),  # below the sentinel (-9999): left to Python
+    ('"token_id:7"', "-0.12345678901234567890123", True),  # 23 significant digits: Python's reader
+    ('"token_id:7"', "-0.5e1", True), ('"token_id:7"', "-0.5E-1", True),  # exponents
+    ('"token_id:7"', " -0.5 ", True), ('"token_id:7"', "-1.00000000", True),
+    ('"token_id:"', "-0.5", False), ('"token_id:7 "', "-0.5", False), ('"token_id:7\\u0030"', "-0.5", False),
+    ('"token_id:-7"', "-0.5", False), ('"token_id:99999999999999999999"', "-0.5", False),
+    ('"token_id:7', "-0.5", False), ('"token_id:7"', "-00.5", False), ('"token_id:7"', "-.5", False),
+    ('"token_id:7"', "-5.", False), ('"token_id:7"', "-0.5.5", False), ('"token_id:7"', "-0.5e", False),
+    ('"token_id:7"', "- 0.5", False), ('"token_id:7"', "-0.5x", False),
+])
+def test_spellings_beside_the_usual_ones_read_as_orjson_reads_them(token, logprob, taken):
+    """The usual `"token":"token_id:N"` and `-0.d...d` are read in one pass; a spelling beside them is read
+    the long way, as before: the same answer, or declined."""
+    raw = (b'{"choices":[{"logprobs":{"content":[{"token":%s,"logprob":%s,"bytes":[55],"top_logprobs":[]}]}}]}'
+           % (token.encode(), logprob.encode()))
+    split = _split(raw)
+    assert (split is not None) is taken
+    if split is not None:
+        _check_contract(raw, split)
+        expected = orjson.loads(raw)["choices"][0]["logprobs"]["content"][0]["logprob"]
+        assert split[1][0].logprob.hex() == expected.hex()
+
+
+@pytest.mark.parametrize("values", ["0", "0,1", "255,0,7", "1000,2", "12,1000", " 1,2", "1 ,2", "1, 2", "1,2 ",
+                                    "01", "0,01", "1,,2", ",1", "1,", "1.5,2", "1e2", "-1,2", "1,2,3,4,5,6,7,8,9,10",
+                                    "999,99,9", "9999", "1,2}", ""])
+def test_byte_lists_read_as_orjson_reads_them(values):
+    """A `bytes` list is only checked (the bytes come from the ids), four bytes at a time when it is short
+    numbers and commas: valid JSON is taken, and a list orjson refuses leaves the cut body refused too."""
+    listed = values.encode()
+    raw = (b'{"choices":[{"logprobs":{"content":[{"token":"token_id:7","logprob":-0.5,"bytes":[%s],'
+           b'"top_logprobs":[{"token":"token_id:8","logprob":-1.5,"bytes":[%s]}]}]}}]}' % (listed, listed))
+    split = _split(raw)
+    try:
+        orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        if split is not None:
+            with pytest.raises(orjson.JSONDecodeError):
+                orjson.loads(split[0])
+        return
+    assert split is not None
+    _check_contract(raw, split)
+
+
 @pytest.mark.parametrize("raw", [
     b'{"choices":[{"logprobs":null}]}',  # no logprobs
     b'{"choices":[]}',  # the usage chunk

@@ -801,29 +801,46 @@ nearest_double(uint64_t digits, int f, uint64_t power_of_five, double c)
 #endif
 }
 
-/* Whether the 8 bytes at p are all ASCII digits, and if so their value in *value: each byte's digit
- * combined pairwise in one 64-bit word (x10 + next), then the pairs (x100), then the quads (x10000). */
-static inline int
-eight_digits(const unsigned char *p, uint32_t *value)
+/* The double nearest to digits / 10^decimals (negated for `negative`), as fp_read_decimal reads a number's
+ * text once it has its significant digits (at most 19) and its decimals (after the exponent): 0 when it
+ * cannot tell (Python's reader then decides). */
+int
+fp_decimal_value(uint64_t digits, int decimals, int negative, double *value)
 {
-#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-    (void)p, (void)value;
-    return 0; /* the arithmetic below reads p[0] as the lowest byte: elsewhere, one digit at a time */
-#else
-    uint64_t word;
-    memcpy(&word, p, sizeof word); /* p[0] is the lowest byte */
-    /* every byte 0x30-0x39: high nibble 3, and adding 6 does not carry into it */
-    if (((word & 0xF0F0F0F0F0F0F0F0ULL) | (((word + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) >> 4))
-        != 0x3333333333333333ULL) {
+    static const double powers_of_ten[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12,
+                                           1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22, 1e23,
+                                           1e24, 1e25, 1e26, 1e27};
+    static const uint64_t powers_of_five[] = { /* 5^0 ... 5^27 (< 2^63) */
+        1ULL, 5ULL, 25ULL, 125ULL, 625ULL, 3125ULL, 15625ULL, 78125ULL, 390625ULL, 1953125ULL, 9765625ULL,
+        48828125ULL, 244140625ULL, 1220703125ULL, 6103515625ULL, 30517578125ULL, 152587890625ULL,
+        762939453125ULL, 3814697265625ULL, 19073486328125ULL, 95367431640625ULL, 476837158203125ULL,
+        2384185791015625ULL, 11920928955078125ULL, 59604644775390625ULL, 298023223876953125ULL,
+        1490116119384765625ULL, 7450580596923828125ULL};
+    if (digits == 0) {
+        *value = negative ? -0.0 : 0.0;
+        return 1;
+    }
+    if (decimals < 0 || decimals > 27) {
         return 0;
     }
-    word -= 0x3030303030303030ULL;
-    word = (word * 10 + (word >> 8)) & 0x00FF00FF00FF00FFULL;     /* 4 pairs: p0p1, p2p3, ... in bytes 0, 2, 4, 6 */
-    word = (word * 100 + (word >> 16)) & 0x0000FFFF0000FFFFULL;  /* 2 quads in the low 16 bits of each half */
-    word = word * 10000 + (word >> 32);                            /* all 8 in the low 32 bits */
-    *value = (uint32_t)word;
+    double quotient = (double)digits / powers_of_ten[decimals];
+    if (!(digits < (1ULL << 53) && decimals <= 22)) {
+        uint64_t power_of_five = powers_of_five[decimals];
+        if (!nearest_double(digits, decimals, power_of_five, quotient)) {
+            double below = nextafter(quotient, 0.0), above = nextafter(quotient, DBL_MAX);
+            if (nearest_double(digits, decimals, power_of_five, below)) {
+                quotient = below;
+            }
+            else if (nearest_double(digits, decimals, power_of_five, above)) {
+                quotient = above;
+            }
+            else {
+                return 0;
+            }
+        }
+    }
+    *value = negative ? -quotient : quotient;
     return 1;
-#endif
 }
 
 /* float(text) for the text of a JSON number (checked to be one already), without Python's reader for the
@@ -836,15 +853,6 @@ eight_digits(const unsigned char *p, uint32_t *value)
 int
 fp_read_decimal(const unsigned char *p, const unsigned char *end, double *value)
 {
-    static const double powers_of_ten[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12,
-                                           1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22, 1e23,
-                                           1e24, 1e25, 1e26, 1e27};
-    static const uint64_t powers_of_five[] = { /* 5^0 ... 5^27 (< 2^63) */
-        1ULL, 5ULL, 25ULL, 125ULL, 625ULL, 3125ULL, 15625ULL, 78125ULL, 390625ULL, 1953125ULL, 9765625ULL,
-        48828125ULL, 244140625ULL, 1220703125ULL, 6103515625ULL, 30517578125ULL, 152587890625ULL,
-        762939453125ULL, 3814697265625ULL, 19073486328125ULL, 95367431640625ULL, 476837158203125ULL,
-        2384185791015625ULL, 11920928955078125ULL, 59604644775390625ULL, 298023223876953125ULL,
-        1490116119384765625ULL, 7450580596923828125ULL};
     int negative = *p == '-';
     p += negative;
     uint64_t digits = 0;
@@ -897,31 +905,7 @@ fp_read_decimal(const unsigned char *p, const unsigned char *end, double *value)
         }
         decimals += minus ? exponent : -exponent;
     }
-    if (digits == 0) {
-        *value = negative ? -0.0 : 0.0;
-        return 1;
-    }
-    if (decimals < 0 || decimals > 27) {
-        return 0;
-    }
-    double quotient = (double)digits / powers_of_ten[decimals];
-    if (!(digits < (1ULL << 53) && decimals <= 22)) {
-        uint64_t power_of_five = powers_of_five[decimals];
-        if (!nearest_double(digits, decimals, power_of_five, quotient)) {
-            double below = nextafter(quotient, 0.0), above = nextafter(quotient, DBL_MAX);
-            if (nearest_double(digits, decimals, power_of_five, below)) {
-                quotient = below;
-            }
-            else if (nearest_double(digits, decimals, power_of_five, above)) {
-                quotient = above;
-            }
-            else {
-                return 0;
-            }
-        }
-    }
-    *value = negative ? -quotient : quotient;
-    return 1;
+    return fp_decimal_value(digits, decimals, negative, value);
 }
 
 static PyMethodDef methods[] = {

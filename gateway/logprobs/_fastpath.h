@@ -4,6 +4,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 #include <string.h>
 
 #define SENTINEL_LOGPROB (-9999.0)
@@ -90,12 +91,38 @@ plain_logprob(PyObject *value)
     return number > SENTINEL_LOGPROB && number < Py_HUGE_VAL; /* NaN fails both */
 }
 
+/* Whether the 8 bytes at p are all ASCII digits, and if so their value in *value: each byte's digit
+ * combined pairwise in one 64-bit word (x10 + next), then the pairs (x100), then the quads (x10000). */
+static inline int
+eight_digits(const unsigned char *p, uint32_t *value)
+{
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+    (void)p, (void)value;
+    return 0; /* the arithmetic below reads p[0] as the lowest byte: elsewhere, one digit at a time */
+#else
+    uint64_t word;
+    memcpy(&word, p, sizeof word); /* p[0] is the lowest byte */
+    /* every byte 0x30-0x39: high nibble 3, and adding 6 does not carry into it */
+    if (((word & 0xF0F0F0F0F0F0F0F0ULL) | (((word + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) >> 4))
+        != 0x3333333333333333ULL) {
+        return 0;
+    }
+    word -= 0x3030303030303030ULL;
+    word = (word * 10 + (word >> 8)) & 0x00FF00FF00FF00FFULL;     /* 4 pairs: p0p1, p2p3, ... in bytes 0, 2, 4, 6 */
+    word = (word * 100 + (word >> 16)) & 0x0000FFFF0000FFFFULL;  /* 2 quads in the low 16 bits of each half */
+    word = word * 10000 + (word >> 32);                            /* all 8 in the low 32 bits */
+    *value = (uint32_t)word;
+    return 1;
+#endif
+}
+
 /* A Candidate / Token of Origin.TOKEN_ID (new references; borrowed arguments). */
 PyObject *fp_candidate(PyObject *data, PyObject *logprob, Py_ssize_t id);
 PyObject *fp_token(PyObject *data, PyObject *logprob, PyObject *top, Py_ssize_t id, int special, int top_absent);
 int fp_check_ready(PyObject *table, PyObject *flags);
 Py_ssize_t fp_placeholder_text(const char *text, Py_ssize_t length, PyObject *table);
 char *fp_write_token_string(char *out, const unsigned char *s, Py_ssize_t n); /* writes at most 5n + 2 */
+int fp_decimal_value(uint64_t digits, int decimals, int negative, double *value);
 /* The double a JSON number's text [p, end) reads as (correctly rounded); 0 for a spelling left to Python. */
 int fp_read_decimal(const unsigned char *p, const unsigned char *end, double *value);
 

@@ -254,9 +254,35 @@ static int
 small_integers(Reader *r)
 {
     const char *p = r->at, *end = r->end;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ && defined(__GNUC__)
+    /* Four bytes at a time: where the first non-digit is (each byte a digit when its high nibble is 3 and
+     * adding 6 does not carry into it; a carry out of a byte only touches bytes after the first non-digit),
+     * then that it is `,` or `]`. 1 to 3 digits, no leading zero; anything else goes the byte way below. */
+    while (end - p >= 4) {
+        uint32_t word, nibbles;
+        memcpy(&word, p, sizeof word); /* p[0] is the lowest byte */
+        nibbles = ((word & 0xF0F0F0F0u) ^ 0x30303030u) | (((word + 0x06060606u) & 0xF0F0F0F0u) ^ 0x30303030u);
+        if (nibbles == 0) {
+            return 0; /* four digits or more: not a byte value */
+        }
+        Py_ssize_t digits = __builtin_ctz(nibbles) >> 3;
+        if (digits == 0 || (digits > 1 && p[0] == '0')) {
+            return 0;
+        }
+        if (p[digits] == ',') {
+            p += digits + 1;
+            continue;
+        }
+        if (p[digits] == ']') {
+            r->at = p + digits + 1;
+            return 1;
+        }
+        return 0;
+    }
+#endif
     for (;;) {
-        /* With 4 bytes left, a value (1 to 3 digits, no leading zero) and the byte after it are read
-         * without a bounds check each: what a `bytes` list is, hundreds of times in a body. */
+        /* The same a byte at a time (the last bytes, or where words cannot be read as above): with 4 bytes
+         * left, a value (1 to 3 digits, no leading zero) and the byte after it without a bounds check each. */
         if (end - p >= 4) {
             unsigned int first = (unsigned char)p[0] - '0', second = (unsigned char)p[1] - '0';
             Py_ssize_t digits = 1;
@@ -304,12 +330,85 @@ strict_placeholder(Reader *r, PyObject *table)
 {
     const char *text;
     Py_ssize_t length;
+    /* `"token_id:N"` read straight through: its digits to the closing quote (what fp_placeholder_text makes
+     * of the plain string); anything else, and any text around it, is read as a string first. */
+    const char *at = r->at, *end = r->end;
+    if (end - at >= 12 && memcmp(at, "\"token_id:", 10) == 0) {
+        const char *p = at + 10;
+        Py_ssize_t size = PyTuple_GET_SIZE(table), id = 0;
+        for (; p < end && (unsigned int)(*p - '0') <= 9; p++) {
+            id = id * 10 + (*p - '0');
+            if (id >= size) {
+                return -1; /* only grows from here (leading zeros keep it small) */
+            }
+        }
+        if (p > at + 10 && p < end && *p == '"') {
+            r->at = p + 1;
+            return PyTuple_GET_ITEM(table, id) == Py_None ? -1 : id;
+        }
+    }
     return strict_string(r, &text, &length) ? fp_placeholder_text(text, length, table) : -1;
 }
 
+/* A logprob as servers print it, `-?(0|[1-9][0-9]*)\.[0-9]+` with no exponent, read in one pass: 1 with its
+ * value (what strict_number then fp_read_decimal make of the same text) and r->at past it; 0 with nothing
+ * consumed for any other text, or for more than 19 significant digits (strict_logprob_value then reads it
+ * as before). Scanning the number and then reading its digits again was 540 instructions a logprob. */
+static int
+plain_fraction(Reader *r, double *value)
+{
+    const unsigned char *start = (const unsigned char *)r->at, *end = (const unsigned char *)r->end;
+    const unsigned char *p = start;
+    int negative = p < end && *p == '-';
+    p += negative;
+    uint64_t digits = 0;
+    int significant = 0;
+    if (p < end && *p == '0') {
+        p++;
+    }
+    else {
+        const unsigned char *integer = p;
+        for (; p < end && (unsigned int)(*p - '0') <= 9; p++) {
+            digits = digits * 10 + (unsigned int)(*p - '0');
+        }
+        significant = (int)(p - integer); /* no leading zero: every digit counts */
+        if (significant == 0 || significant > 18) {
+            return 0;
+        }
+    }
+    if (p >= end || *p != '.') {
+        return 0;
+    }
+    const unsigned char *fraction = ++p;
+    /* The leading zeros and the first significant digit, then eight at a time while they fit in the 19
+     * significant digits (a float32 in full is 16-17), then one at a time: the value fp_read_decimal makes. */
+    for (; digits == 0 && p < end && (unsigned int)(*p - '0') <= 9; p++) {
+        digits = (unsigned int)(*p - '0');
+        significant = digits != 0;
+    }
+    uint32_t eight;
+    while (digits != 0 && significant <= 11 && end - p >= 8 && eight_digits(p, &eight)) {
+        digits = digits * 100000000ULL + eight;
+        significant += 8;
+        p += 8;
+    }
+    for (; p < end && (unsigned int)(*p - '0') <= 9; p++) {
+        if (++significant > 19) {
+            return 0;
+        }
+        digits = digits * 10 + (unsigned int)(*p - '0');
+    }
+    if (p == fraction || (p < end && (*p == 'e' || *p == 'E')) || p - start > MAX_NUMBER_LENGTH
+        || !fp_decimal_value(digits, (int)(p - fraction), negative, value)) {
+        return 0;
+    }
+    r->at = (const char *)p;
+    return 1;
+}
+
 /* A float logprob strictly between the sentinel and +inf (plain_logprob's rule) into *value: 1; 0 when it
- * is anything else (an error set only if reading failed). The usual spellings by fp_read_decimal, the rest
- * by Python's own correctly rounded reader: either way the double orjson gives. */
+ * is anything else (an error set only if reading failed). The usual spellings by plain_fraction or
+ * fp_read_decimal, the rest by Python's own correctly rounded reader: either way the double orjson gives. */
 static int
 strict_logprob_value(Reader *r, double *result)
 {
@@ -317,10 +416,14 @@ strict_logprob_value(Reader *r, double *result)
     Py_ssize_t length;
     int is_float;
     char buffer[MAX_NUMBER_LENGTH + 1];
+    double value;
+    if (plain_fraction(r, &value)) {
+        *result = value;
+        return value > SENTINEL_LOGPROB && value < Py_HUGE_VAL;
+    }
     if (!strict_number(r, &text, &length, &is_float) || !is_float) {
         return 0;
     }
-    double value;
     if (!fp_read_decimal((const unsigned char *)text, (const unsigned char *)text + length, &value)) {
         memcpy(buffer, text, (size_t)length);
         buffer[length] = '\0';
@@ -395,28 +498,59 @@ static PyObject *strict_record(Reader *r, void *context);
 
 enum { SEEN_TOKEN = 1, SEEN_LOGPROB = 2, SEEN_TOP = 4, SEEN_SPECIAL = 8 };
 
-/* The members entries and alternatives share, once each: 1 when `name` is `token` or `logprob` and its
- * value was read into *id or *logprob, 0 for another name, -1 when declined (`id`: llama.cpp's ids are
- * read by Python). */
+/* The members of a record strict_record tells apart (the rest are only checked). */
+enum { MEMBER_OTHER, MEMBER_TOKEN, MEMBER_LOGPROB, MEMBER_ID, MEMBER_TOP, MEMBER_SPECIAL };
+
+/* Take `"name":` when the text at r->at is exactly that (what read_name then is_name would find there). */
+#define TAKE_NAME(r, quoted) \
+    (memcmp((r)->at, quoted, sizeof(quoted) - 1) == 0 ? ((r)->at += sizeof(quoted) - 1, 1) : 0)
+
+/* Which member's value comes next, its name and colon taken: MEMBER_*, or -1 when declined. The names
+ * as servers write them (`"token":`, no white space) are matched whole, ~90 instructions less each than
+ * reading the string and comparing it with every name; anything else goes through read_name. */
 static int
-shared_member(Reader *r, const char *name, Py_ssize_t length, PyObject *table, int *seen, Py_ssize_t *id,
-              double *logprob)
+record_member(Reader *r)
 {
-    if (is_name(name, length, "token")) {
-        if (*seen & SEEN_TOKEN || (*id = strict_placeholder(r, table)) < 0) {
-            return -1;
+    if (r->end - r->at >= 16 && r->at[0] == '"') { /* 16: the longest name below, and its colon */
+        switch (r->at[1]) {
+        case 't':
+            if (TAKE_NAME(r, "\"token\":")) {
+                return MEMBER_TOKEN;
+            }
+            if (TAKE_NAME(r, "\"top_logprobs\":")) {
+                return MEMBER_TOP;
+            }
+            break;
+        case 'l':
+            if (TAKE_NAME(r, "\"logprob\":")) {
+                return MEMBER_LOGPROB;
+            }
+            break;
+        case 'b':
+            if (TAKE_NAME(r, "\"bytes\":")) {
+                return MEMBER_OTHER;
+            }
+            break;
         }
-        *seen |= SEEN_TOKEN;
-        return 1;
+    }
+    const char *name;
+    Py_ssize_t length;
+    if (!read_name(r, &name, &length)) {
+        return -1;
+    }
+    if (is_name(name, length, "token")) {
+        return MEMBER_TOKEN;
     }
     if (is_name(name, length, "logprob")) {
-        if (*seen & SEEN_LOGPROB || !strict_logprob_value(r, logprob)) {
-            return -1;
-        }
-        *seen |= SEEN_LOGPROB;
-        return 1;
+        return MEMBER_LOGPROB;
     }
-    return is_name(name, length, "id") ? -1 : 0;
+    if (is_name(name, length, "id")) {
+        return MEMBER_ID;
+    }
+    if (is_name(name, length, "top_logprobs")) {
+        return MEMBER_TOP;
+    }
+    return is_name(name, length, "special") ? MEMBER_SPECIAL : MEMBER_OTHER;
 }
 
 /* One content entry -> a Token (see chat_from_ids), or with `special_flags` NULL one of its alternatives
@@ -427,8 +561,7 @@ strict_record(Reader *r, void *context)
 {
     const Tables *tables = context;
     PyObject *table = tables->table;
-    const char *name;
-    Py_ssize_t name_length, id = -1;
+    Py_ssize_t id = -1;
     double value = 0;
     PyObject *logprob = NULL, *result = NULL, *listed = NULL;
     int seen = 0, special = 0, entry = tables->special_flags != NULL;
@@ -437,17 +570,21 @@ strict_record(Reader *r, void *context)
     }
     if (!take(r, '}')) {
         do {
-            if (!read_name(r, &name, &name_length)) {
+            int member = record_member(r);
+            if (member < 0 || member == MEMBER_ID) { /* MEMBER_ID: llama.cpp's ids are read by Python */
                 goto done;
             }
-            int common = shared_member(r, name, name_length, table, &seen, &id, &value);
-            if (common < 0) {
-                goto done;
+            if (member == MEMBER_TOKEN) {
+                if (!first_time_bit(&seen, SEEN_TOKEN) || (id = strict_placeholder(r, table)) < 0) {
+                    goto done;
+                }
             }
-            if (common > 0) {
-                continue;
+            else if (member == MEMBER_LOGPROB) {
+                if (!first_time_bit(&seen, SEEN_LOGPROB) || !strict_logprob_value(r, &value)) {
+                    goto done;
+                }
             }
-            if (entry && is_name(name, name_length, "top_logprobs")) {
+            else if (entry && member == MEMBER_TOP) {
                 Tables alternatives = {table, NULL, tables->batch};
                 if (!first_time_bit(&seen, SEEN_TOP)) {
                     goto done;
@@ -457,7 +594,7 @@ strict_record(Reader *r, void *context)
                     goto done;
                 }
             }
-            else if (entry && is_name(name, name_length, "special")) {
+            else if (entry && member == MEMBER_SPECIAL) {
                 if (!first_time_bit(&seen, SEEN_SPECIAL)) {
                     goto done;
                 }
