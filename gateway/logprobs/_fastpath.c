@@ -565,23 +565,40 @@ fp_write_entry_head(char *out, PyObject *data, const char *number, Py_ssize_t nu
     return out;
 }
 
+/* Each byte value's text and a comma ("7,", "65,", "255,"), padded to 4 bytes, and its length with the comma:
+ * a value is one 4-byte copy (made by init_byte_texts when the module loads). */
+static char byte_texts[256][4];
+static unsigned char byte_text_lengths[256];
+
+static void
+init_byte_texts(void)
+{
+    for (int byte = 0; byte < 256; byte++) {
+        char *text = byte_texts[byte];
+        int length = 0;
+        if (byte >= 100) {
+            text[length++] = (char)('0' + byte / 100);
+        }
+        if (byte >= 10) {
+            text[length++] = (char)('0' + byte / 10 % 10);
+        }
+        text[length++] = (char)('0' + byte % 10);
+        text[length++] = ',';
+        byte_text_lengths[byte] = (unsigned char)length;
+    }
+}
+
 char *
 fp_write_byte_values(char *out, const unsigned char *s, Py_ssize_t n)
 {
-    for (Py_ssize_t i = 0; i < n; i++) {
-        unsigned int byte = s[i];
-        if (i > 0) {
-            *out++ = ',';
-        }
-        if (byte >= 100) {
-            *out++ = (char)('0' + byte / 100);
-        }
-        if (byte >= 10) {
-            *out++ = (char)('0' + byte / 10 % 10);
-        }
-        *out++ = (char)('0' + byte % 10);
+    if (n == 0) {
+        return out;
     }
-    return out;
+    for (Py_ssize_t i = 0; i < n; i++) { /* the last value's 4 bytes end within 4n: (n - 1) * 4 + 4 */
+        memcpy(out, byte_texts[s[i]], 4);
+        out += byte_text_lengths[s[i]];
+    }
+    return out - 1; /* not the last comma */
 }
 
 /* `numbers`, what dumps wrote for a list of `total` floats ("[a,b,c]") -> where each number starts, and
@@ -937,6 +954,7 @@ static struct PyModuleDef module_definition = {
 PyMODINIT_FUNC
 PyInit__fastpath(void)
 {
+    init_byte_texts();
     key_token = PyUnicode_InternFromString("token");
     key_logprob = PyUnicode_InternFromString("logprob");
     key_bytes = PyUnicode_InternFromString("bytes");
