@@ -206,6 +206,7 @@ def start_stack(canned: dict[str, Any], canned_path: Path, out: Path, *, burst: 
     each run that many processes (bench.workers)."""
     if gateway_src is not None:
         _check_source_tree(gateway_src)
+    out = out.resolve()  # the gateway of another source tree runs there: a relative --out would miss its config
     under_test, environment = _cpu_sets() if pin else (None, None)
     procs: list[Proc] = []
     try:
