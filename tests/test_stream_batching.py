@@ -16,7 +16,7 @@ from gateway.app import STATE, create_app
 from gateway.config import parse_config
 from gateway.logprobs.demo_vocab import build_demo_vocab
 from gateway.simulator.vllm import create_app as create_simulator
-from gateway.sse import data_batches, data_payloads
+from gateway.sse import data_batches, data_payloads, split_events
 
 MODEL = "demo-model"
 
@@ -58,6 +58,7 @@ def test_batches_hold_exactly_the_payloads_and_are_never_empty():
         batches = asyncio.run(_batches(reads))
         assert all(batches), data
         assert [p for batch in batches for p in batch] == asyncio.run(_payloads(reads)), data
+        assert asyncio.run(_payloads(reads)) == split_events(data), (data, reads)  # the whole body's reader
 
 
 def test_the_events_of_one_read_come_as_one_batch():
