@@ -1,4 +1,5 @@
-"""Server-sent events, both ways: encode our frames, split an upstream's byte stream into data."""
+"""Server-sent events, both ways: encode our frames, split an upstream's byte stream into data (a read of
+whole `data:` events by the compiled twin, `fastpath.sse_events`; every other read line by line here)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from contextlib import aclosing
 from typing import Any
 
 import orjson
+
+from gateway.logprobs.compiled import fastpath
 
 
 def sse_headers(request_id: str) -> dict[str, str]:
@@ -169,7 +172,17 @@ async def data_batches(lines: AsyncIterable[bytes]) -> AsyncIterator[list[bytes]
     buffer: list[bytes] = []  # the data lines of an event whose blank line has not arrived
     if hasattr(lines, "iter_any"):
         pending: list[bytes] = []  # the start of a line whose end has not arrived
+        whole_events = fastpath.sse_events if fastpath is not None else None
         async for chunk in lines.iter_any():
+            if whole_events is not None and not pending and not buffer:
+                read = whole_events(chunk)  # a read of whole `data:` events, in C; None: anything else
+                if read is not None:
+                    payloads, done = read
+                    if payloads:
+                        yield payloads
+                    if done:
+                        return
+                    continue
             if _LF not in chunk:
                 pending.append(chunk)
                 continue

@@ -14,9 +14,10 @@ from aiohttp import web
 from gateway import app as app_module
 from gateway.app import STATE, create_app
 from gateway.config import parse_config
+from gateway.logprobs.compiled import fastpath
 from gateway.logprobs.demo_vocab import build_demo_vocab
 from gateway.simulator.vllm import create_app as create_simulator
-from gateway.sse import data_batches, data_payloads, split_events
+from gateway.sse import _events, data_batches, data_payloads, split_events
 
 MODEL = "demo-model"
 
@@ -59,6 +60,25 @@ def test_batches_hold_exactly_the_payloads_and_are_never_empty():
         assert all(batches), data
         assert [p for batch in batches for p in batch] == asyncio.run(_payloads(reads)), data
         assert asyncio.run(_payloads(reads)) == split_events(data), (data, reads)  # the whole body's reader
+
+
+TAKEN = [b'data: {"a":1}\n\n', b'data: {"a":1}\n\ndata: {"b":2}\n\n', b"data:x\n\n", b"data:\n\n", b"data: \n\n",
+         b"\n\n\n", b"data: [DONE]\n\n", b"data:  [DONE] \n\ndata: late\n\n", b"data: 1\n\ndata: [DONE]\n\n",
+         b"data: [DONE]x\n\n", b"data: \t[DONE]\x0c\n\n"]
+# left to Python: a cut line or event, a CR, another field, data on two lines, an error line, nothing
+LEFT = [b"data: 1", b"data: 1\n", b"data: 1\r\n\r\n", b": ping\n\n", b"event: e\ndata: 1\n\n", b"data: 1\ndata: 2\n\n",
+        b'error: {"code":500}\n\n', b"dat: 1\n\n", b"data: 1\n\n: ping\n\n", b""]
+
+
+@pytest.mark.skipif(fastpath is None, reason="the C extension was not built (no compiler at install)")
+@pytest.mark.parametrize(("read", "taken"), [(read, True) for read in TAKEN] + [(read, False) for read in LEFT])
+def test_the_compiled_event_reader_reads_what_the_line_reader_reads(read, taken):
+    compiled = fastpath.sse_events(read)
+    assert (compiled is not None) is taken
+    if taken:
+        lines = read.split(b"\n")
+        lines.pop()
+        assert compiled == _events(lines, [])
 
 
 def test_the_events_of_one_read_come_as_one_batch():

@@ -139,6 +139,7 @@ PyObject *fp_entries_json(Py_ssize_t count, const Py_ssize_t *kept, PyObject *co
 
 /* _fastpath_json.c */
 PyObject *fp_read_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fp_sse_events(PyObject *module, PyObject *raw);
 PyObject *fp_split_body(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* _fastpath_body.c: the TokenBatch a whole body's tokens are read into (-1: an error is set). */
