@@ -174,10 +174,16 @@ async def data_batches(lines: AsyncIterable[bytes]) -> AsyncIterator[list[bytes]
         pending: list[bytes] = []  # the start of a line whose end has not arrived
         whole_events = fastpath.sse_events if fastpath is not None else None
         async for chunk in lines.iter_any():
-            if whole_events is not None and not pending and not buffer:
-                read = whole_events(chunk)  # a read of whole `data:` events, in C; None: anything else
+            if whole_events is not None and not buffer and _LF in chunk:
+                if pending:
+                    pending.append(chunk)
+                    chunk = b"".join(pending)
+                    pending = []
+                read = whole_events(chunk)  # whole `data:` events and a line's start, in C; None: anything else
                 if read is not None:
-                    payloads, done = read
+                    payloads, done, cut = read
+                    if cut < len(chunk):
+                        pending.append(chunk[cut:])
                     if payloads:
                         yield payloads
                     if done:

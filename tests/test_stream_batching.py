@@ -64,10 +64,10 @@ def test_batches_hold_exactly_the_payloads_and_are_never_empty():
 
 TAKEN = [b'data: {"a":1}\n\n', b'data: {"a":1}\n\ndata: {"b":2}\n\n', b"data:x\n\n", b"data:\n\n", b"data: \n\n",
          b"\n\n\n", b"data: [DONE]\n\n", b"data:  [DONE] \n\ndata: late\n\n", b"data: 1\n\ndata: [DONE]\n\n",
-         b"data: [DONE]x\n\n", b"data: \t[DONE]\x0c\n\n"]
-# left to Python: a cut line or event, a CR, another field, data on two lines, an error line, nothing
-LEFT = [b"data: 1", b"data: 1\n", b"data: 1\r\n\r\n", b": ping\n\n", b"event: e\ndata: 1\n\n", b"data: 1\ndata: 2\n\n",
-        b'error: {"code":500}\n\n', b"dat: 1\n\n", b"data: 1\n\n: ping\n\n", b""]
+         b"data: [DONE]x\n\n", b"data: \t[DONE]\x0c\n\n", b"data: 1", b"data: 1\n\ndata: 2", b"data: 1\n\n\nda", b""]
+# left to Python: an event cut after a line end, a CR, another field, data on two lines, an error line
+LEFT = [b"data: 1\n", b"data: 1\n\ndata: 2\n", b"data: 1\r\n\r\n", b": ping\n\n", b"event: e\ndata: 1\n\n",
+        b"data: 1\ndata: 2\n\n", b'error: {"code":500}\n\n', b"dat: 1\n\n", b"data: 1\n\n: ping\n\n", b"data: 1\r"]
 
 
 @pytest.mark.skipif(fastpath is None, reason="the C extension was not built (no compiler at install)")
@@ -76,9 +76,11 @@ def test_the_compiled_event_reader_reads_what_the_line_reader_reads(read, taken)
     compiled = fastpath.sse_events(read)
     assert (compiled is not None) is taken
     if taken:
-        lines = read.split(b"\n")
-        lines.pop()
-        assert compiled == _events(lines, [])
+        payloads, done, cut = compiled
+        lines = (read if done else read[:cut]).split(b"\n")  # after [DONE] nothing is read
+        rest = lines.pop()
+        assert (payloads, done) == _events(lines, buffer := [])
+        assert done or (not buffer and not rest and b"\n" not in read[cut:])  # what is left: a line's start
 
 
 def test_the_events_of_one_read_come_as_one_batch():

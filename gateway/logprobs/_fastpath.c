@@ -937,7 +937,7 @@ static PyMethodDef methods[] = {
     {"read_chunk", (PyCFunction)(void (*)(void))fp_read_chunk, METH_FASTCALL,
      "read_chunk(raw, completions, table, special_flags) -> (text, tokens, finish_reason) | None"},
     {"sse_events", (PyCFunction)fp_sse_events, METH_O,
-     "sse_events(read) -> (payloads, done) | None: the events of a read of whole `data:` events"},
+     "sse_events(read) -> (payloads, done, cut) | None: the whole `data:` events of a read"},
     {"render_entries_json", (PyCFunction)(void (*)(void))render_entries_json, METH_FASTCALL,
      "render_entries_json(tokens, k, dumps) -> bytes | None"},
     {"store_columns", (PyCFunction)(void (*)(void))fp_store_columns, METH_FASTCALL,

@@ -1380,12 +1380,13 @@ is_done_event(const char *text, Py_ssize_t length)
     return length == 6 && memcmp(text, "[DONE]", 6) == 0;
 }
 
-/* fp_sse_events(read): one network read of an upstream's event stream that holds whole events only, each
- * one `data:` line then its blank line (what servers write: one flush per event) -> (payloads, done), what
- * sse._events makes of its lines: each event's data, up to a `[DONE]` event (`done`). None for any other
- * read (a line or an event cut at its end, a CR, a field other than data, data on several lines, an error
- * line): sse.py reads it line by line. One memchr per line here, against bytes.split walking the read a
- * byte at a time and a Python loop over its lines. */
+/* fp_sse_events(read): one network read of an upstream's event stream, from an event's start: whole events,
+ * each one `data:` line then its blank line (what servers write: one flush per event), then at most the
+ * start of a line -> (payloads, done, cut), what sse._events makes of the events' lines: each event's
+ * data, up to a `[DONE]` event (`done`), and where the unread start of a line begins (`cut`, the read's
+ * length when there is none). None for any other read (an event cut after a line end, a CR, a field other
+ * than data, data on several lines, an error line): sse.py reads it line by line. One memchr per line
+ * here, against bytes.split walking the read a byte at a time and a Python loop over its lines. */
 PyObject *
 fp_sse_events(PyObject *module, PyObject *raw)
 {
@@ -1393,8 +1394,8 @@ fp_sse_events(PyObject *module, PyObject *raw)
         PyErr_SetString(PyExc_TypeError, "sse_events(read: bytes)");
         return NULL;
     }
-    const char *p = PyBytes_AS_STRING(raw), *end = p + PyBytes_GET_SIZE(raw);
-    if (p == end || end[-1] != '\n' || memchr(p, '\r', (size_t)(end - p)) != NULL) {
+    const char *start = PyBytes_AS_STRING(raw), *p = start, *end = p + PyBytes_GET_SIZE(raw);
+    if (memchr(p, '\r', (size_t)(end - p)) != NULL) {
         Py_RETURN_NONE;
     }
     PyObject *payloads = PyList_New(0);
@@ -1403,7 +1404,10 @@ fp_sse_events(PyObject *module, PyObject *raw)
     }
     int done = 0;
     while (p < end) {
-        const char *newline = memchr(p, '\n', (size_t)(end - p)); /* found: the read ends with one */
+        const char *newline = memchr(p, '\n', (size_t)(end - p));
+        if (newline == NULL) {
+            break; /* the start of a line: the caller keeps it for the next read */
+        }
         if (newline == p) { /* a blank line with no event open */
             p++;
             continue;
@@ -1427,5 +1431,5 @@ fp_sse_events(PyObject *module, PyObject *raw)
         Py_DECREF(payload);
         p = newline + 2;
     }
-    return Py_BuildValue("(NO)", payloads, done ? Py_True : Py_False);
+    return Py_BuildValue("(NOn)", payloads, done ? Py_True : Py_False, (Py_ssize_t)(p - start));
 }
