@@ -174,11 +174,14 @@ async def data_batches(lines: AsyncIterable[bytes]) -> AsyncIterator[list[bytes]
         pending: list[bytes] = []  # the start of a line whose end has not arrived
         whole_events = fastpath.sse_events if fastpath is not None else None
         async for chunk in lines.iter_any():
-            if whole_events is not None and not buffer and _LF in chunk:
-                if pending:
-                    pending.append(chunk)
-                    chunk = b"".join(pending)
-                    pending = []
+            if _LF not in chunk:
+                pending.append(chunk)
+                continue
+            if pending:
+                pending.append(chunk)
+                chunk = b"".join(pending)
+                pending = []
+            if whole_events is not None and not buffer:
                 read = whole_events(chunk)  # whole `data:` events and a line's start, in C; None: anything else
                 if read is not None:
                     payloads, done, cut = read
@@ -189,13 +192,6 @@ async def data_batches(lines: AsyncIterable[bytes]) -> AsyncIterator[list[bytes]
                     if done:
                         return
                     continue
-            if _LF not in chunk:
-                pending.append(chunk)
-                continue
-            if pending:
-                pending.append(chunk)
-                chunk = b"".join(pending)
-                pending = []
             split = chunk.split(b"\n")
             rest = split.pop()
             if rest:
