@@ -876,38 +876,15 @@ fp_read_decimal(const unsigned char *p, const unsigned char *end, double *value)
     int significant = 0, decimals = 0;
     /* The integer part, then the fraction's digits (the text is a number: one `.` at most); leading
      * zeros are not significant, every digit after the point is a decimal. */
-    for (int part = 0; part < 2; part++) {
-        const unsigned char *start = p;
-        for (; p < end; p++) {
-            /* Past the leading zeros, eight digits at a time while they fit in the 19 significant ones: a
-             * float32 printed in full is 16-17 of them, most of the reader's time one by one. */
-            uint32_t eight;
-            if (end - p >= 8 && digits != 0 && significant <= 11 && eight_digits(p, &eight)) {
-                digits = digits * 100000000ULL + eight;
-                significant += 8;
-                p += 7;
-                continue;
-            }
-            unsigned int digit = (unsigned int)(*p - '0');
-            if (digit > 9) {
-                break;
-            }
-            if (digits != 0 || digit != 0) {
-                if (++significant > 19) {
-                    return 0;
-                }
-                digits = digits * 10 + digit;
-            }
+    if ((p = take_digits(p, end, &digits, &significant)) == NULL) {
+        return 0;
+    }
+    if (p < end && *p == '.') {
+        const unsigned char *fraction = ++p;
+        if ((p = take_digits(p, end, &digits, &significant)) == NULL) {
+            return 0;
         }
-        if (part == 1) {
-            decimals = (int)(p - start);
-        }
-        else if (p < end && *p == '.') {
-            p++;
-        }
-        else {
-            break;
-        }
+        decimals = (int)(p - fraction);
     }
     if (p < end) { /* e[-+]?\d+ */
         p++;

@@ -116,6 +116,36 @@ eight_digits(const unsigned char *p, uint32_t *value)
 #endif
 }
 
+/* The digits at p, up to the first non-digit, appended to *digits (a decimal reader's significant digits:
+ * leading zeros not counted in *significant): past the leading zeros and the first significant digit,
+ * eight at a time while they fit in 19 (a float32 printed in full is 16-17), then one at a time. Where the
+ * digits end, or NULL past 19 significant digits (the reader then leaves the number to Python's). */
+static inline const unsigned char *
+take_digits(const unsigned char *p, const unsigned char *end, uint64_t *digits, int *significant)
+{
+    uint64_t value = *digits;
+    int count = *significant;
+    for (; value == 0 && p < end && (unsigned int)(*p - '0') <= 9; p++) {
+        value = (unsigned int)(*p - '0');
+        count = value != 0;
+    }
+    uint32_t eight;
+    while (value != 0 && count <= 11 && end - p >= 8 && eight_digits(p, &eight)) {
+        value = value * 100000000ULL + eight;
+        count += 8;
+        p += 8;
+    }
+    for (; p < end && (unsigned int)(*p - '0') <= 9; p++) {
+        if (++count > 19) {
+            return NULL;
+        }
+        value = value * 10 + (unsigned int)(*p - '0');
+    }
+    *digits = value;
+    *significant = count;
+    return p;
+}
+
 /* A Candidate / Token of Origin.TOKEN_ID (new references; borrowed arguments). */
 PyObject *fp_candidate(PyObject *data, PyObject *logprob, Py_ssize_t id);
 PyObject *fp_token(PyObject *data, PyObject *logprob, PyObject *top, Py_ssize_t id, int special, int top_absent);

@@ -281,35 +281,12 @@ small_integers(Reader *r)
     }
 #endif
     for (;;) {
-        /* The same a byte at a time (the last bytes, or where words cannot be read as above): with 4 bytes
-         * left, a value (1 to 3 digits, no leading zero) and the byte after it without a bounds check each. */
-        if (end - p >= 4) {
-            unsigned int first = (unsigned char)p[0] - '0', second = (unsigned char)p[1] - '0';
-            Py_ssize_t digits = 1;
-            if (first > 9) {
-                return 0;
-            }
-            if (second <= 9) {
-                if (first == 0) {
-                    return 0;
-                }
-                digits = (unsigned int)((unsigned char)p[2] - '0') <= 9 ? 3 : 2;
-                if (digits == 3 && (unsigned int)((unsigned char)p[3] - '0') <= 9) {
-                    return 0;
-                }
-            }
-            p += digits;
+        /* The same a byte at a time: the last bytes, or where words cannot be read as above. */
+        const char *digits = p;
+        while (p < end && *p >= '0' && *p <= '9' && p - digits < 4) {
+            p++;
         }
-        else {
-            const char *digits = p;
-            while (p < end && *p >= '0' && *p <= '9' && p - digits < 4) {
-                p++;
-            }
-            if (p == digits || p - digits == 4 || (*digits == '0' && p - digits > 1) || p == end) {
-                return 0;
-            }
-        }
-        if (p == end) {
+        if (p == digits || p - digits == 4 || (*digits == '0' && p - digits > 1) || p == end) {
             return 0;
         }
         if (*p == ']') {
@@ -368,35 +345,16 @@ plain_fraction(Reader *r, double *value)
     }
     else {
         const unsigned char *integer = p;
-        for (; p < end && (unsigned int)(*p - '0') <= 9; p++) {
-            digits = digits * 10 + (unsigned int)(*p - '0');
-        }
-        significant = (int)(p - integer); /* no leading zero: every digit counts */
-        if (significant == 0 || significant > 18) {
-            return 0;
+        if ((p = take_digits(p, end, &digits, &significant)) == NULL || p == integer) {
+            return 0; /* no digit, or past 19 */
         }
     }
     if (p >= end || *p != '.') {
         return 0;
     }
     const unsigned char *fraction = ++p;
-    /* The leading zeros and the first significant digit, then eight at a time while they fit in the 19
-     * significant digits (a float32 in full is 16-17), then one at a time: the value fp_read_decimal makes. */
-    for (; digits == 0 && p < end && (unsigned int)(*p - '0') <= 9; p++) {
-        digits = (unsigned int)(*p - '0');
-        significant = digits != 0;
-    }
-    uint32_t eight;
-    while (digits != 0 && significant <= 11 && end - p >= 8 && eight_digits(p, &eight)) {
-        digits = digits * 100000000ULL + eight;
-        significant += 8;
-        p += 8;
-    }
-    for (; p < end && (unsigned int)(*p - '0') <= 9; p++) {
-        if (++significant > 19) {
-            return 0;
-        }
-        digits = digits * 10 + (unsigned int)(*p - '0');
+    if ((p = take_digits(p, end, &digits, &significant)) == NULL) {
+        return 0;
     }
     if (p == fraction || (p < end && (*p == 'e' || *p == 'E')) || p - start > MAX_NUMBER_LENGTH
         || !fp_decimal_value(digits, (int)(p - fraction), negative, value)) {
