@@ -93,6 +93,7 @@ class Exchange:
     request: dict[str, Any]
     status: int = 0
     body: bytes = b""
+    reads: list[bytes] = field(default_factory=list)  # the body as the relay's network reads brought it
     headers: dict[str, str] = field(default_factory=dict)
     started: asyncio.Event = field(default_factory=asyncio.Event)  # the server's status and headers came
     done: asyncio.Event = field(default_factory=asyncio.Event)  # set once the server's answer has ended
@@ -183,6 +184,7 @@ class Recorder:
                 exchange.started.set()
                 async for chunk in upstream.content.iter_any():
                     kept += chunk
+                    exchange.reads.append(chunk)
                     chunks.put_nowait(chunk)
         finally:
             exchange.body = bytes(kept)
