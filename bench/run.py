@@ -236,15 +236,20 @@ def start_stack(canned: dict[str, Any], canned_path: Path, out: Path, *, burst: 
         _await_ready(loadgen)
         yield Stack(upstream, relay, gateway, loadgen, procs)
     finally:
-        for proc in reversed(procs):
-            if proc.popen.poll() is None:
-                proc.popen.terminate()
-        for proc in reversed(procs):
-            try:
-                proc.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait()
+        stop(procs)
+
+
+def stop(procs: list[Proc], timeout: float = 10.0) -> None:
+    """Terminate the processes (the last started first), then kill any still up after `timeout`."""
+    for proc in reversed(procs):
+        if proc.popen.poll() is None:
+            proc.popen.terminate()
+    for proc in reversed(procs):
+        try:
+            proc.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.popen.kill()
+            proc.popen.wait()
 
 
 # --------------------------------------------------------------------------------------- driving
