@@ -206,9 +206,16 @@ def test_spellings_beside_the_usual_ones_read_as_orjson_reads_them(token, logpro
         assert split[1][0].logprob.hex() == expected.hex()
 
 
+PLACEHOLDER = ",".join(str(b) for b in b"token_id:") + ","  # 116,111,...,58,
+
+
 @pytest.mark.parametrize("values", ["0", "0,1", "255,0,7", "1000,2", "12,1000", " 1,2", "1 ,2", "1, 2", "1,2 ",
                                     "01", "0,01", "1,,2", ",1", "1,", "1.5,2", "1e2", "-1,2", "1,2,3,4,5,6,7,8,9,10",
-                                    "999,99,9", "9999", "1,2}", ""])
+                                    "999,99,9", "9999", "1,2}", "",
+                                    # vLLM's spelling of an alternative's bytes (`token_id:8`), and beside it
+                                    f"{PLACEHOLDER}56", f"{PLACEHOLDER}49,48,50", f"{PLACEHOLDER}", PLACEHOLDER[:-1],
+                                    f"{PLACEHOLDER},56", f"{PLACEHOLDER}056", f"{PLACEHOLDER}5600", f"{PLACEHOLDER} 56",
+                                    f"{PLACEHOLDER}56,", f"{PLACEHOLDER}56 ", f"{PLACEHOLDER}-1", f"{PLACEHOLDER}1.0"])
 def test_byte_lists_read_as_orjson_reads_them(values):
     """A `bytes` list is only checked (the bytes come from the ids), four bytes at a time when it is short
     numbers and commas: valid JSON is taken, and a list orjson refuses leaves the cut body refused too."""

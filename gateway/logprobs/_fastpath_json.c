@@ -254,6 +254,13 @@ static int
 small_integers(Reader *r)
 {
     const char *p = r->at, *end = r->end;
+    /* vLLM spells an alternative's bytes as those of its `token_id:N` placeholder (real 0.32 captures):
+     * the values of `token_id:` then one per digit. That start is taken whole; a value must follow it. */
+    static const char placeholder_start[] = "116,111,107,101,110,95,105,100,58,";
+    if (end - p > (Py_ssize_t)sizeof placeholder_start
+        && memcmp(p, placeholder_start, sizeof placeholder_start - 1) == 0) {
+        p += sizeof placeholder_start - 1;
+    }
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ && defined(__GNUC__)
     /* Four bytes at a time: where the first non-digit is (each byte a digit when its high nibble is 3 and
      * adding 6 does not carry into it; a carry out of a byte only touches bytes after the first non-digit),
