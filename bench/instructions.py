@@ -1,6 +1,6 @@
 """Instructions per request (callgrind, user space): the gateway against the bare relay, deterministic.
 
-    .venv/bin/python -m bench.instructions                         # ~10 minutes under valgrind
+    .venv/bin/python -m bench.instructions                         # ~2 minutes under valgrind
     .venv/bin/python -m bench.instructions --gateway-src DIR       # another source tree's gateway too
 
 On a shared VM whose host slows every core down (bench/speed.py) the wall-clock ratios of bench.store
@@ -15,7 +15,9 @@ writer), and the gateway's loop over the relay's. Each window's callgrind files 
 Not the issue's target itself: added p50 is wall time, and the kernel's share (syscalls, loopback TCP:
 about the same for both, one upstream and one client exchange each) is not counted here, so the wall
 ratio sits closer to 1 than this one. What this gives is a figure two commits can be compared on, and
-the user-space part of the gap. Needs valgrind (Debian's `valgrind`); callgrind slows a process ~50x.
+the user-space part of the gap. Large copies weigh more here than on the CPU: callgrind counts each
+iteration of glibc's `rep movsb` memcpy (one instruction a byte). Needs valgrind (Debian's `valgrind`);
+callgrind slows a process ~50x.
 """
 
 from __future__ import annotations
