@@ -3,6 +3,7 @@ well formed and no request fails. No timing is asserted: benchmarks print figure
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -145,3 +146,25 @@ def test_a_parents_cpu_includes_its_workers(tmp_path):
         for child in procstat.descendants(parent.pid):
             os.kill(child, 9)
         parent.wait()
+
+
+@pytest.mark.skipif(shutil.which("callgrind_control") is None, reason="valgrind is not installed")
+def test_instruction_counts_come_per_request_and_per_thread(tmp_path):
+    """bench.instructions under callgrind on a tiny plan: every window has instructions in it (a dump's
+    `summary:` line reads 0: the parser must take `totals:`), the store's writer thread is counted apart
+    from the event loop, and each window's dumps are kept for callgrind_annotate."""
+    from bench import instructions
+    from bench.canned import Case
+
+    rows = (Case("chat", False, 5, 100), Case("chat", True, 5, 100))
+    report = instructions.run(tmp_path, 3, 1, [None], rows=rows, progress=False)
+    assert [(row["store"], row["case"]) for row in report["rows"]] == [
+        (store, case.key) for store in instructions.STORES for case in rows]
+    for row in report["rows"]:
+        relay, gateway = row["relay"], row["gateway"]
+        assert relay["loop_per_request"] > 100_000 and gateway["loop_per_request"] > relay["loop_per_request"]
+        assert (gateway["other_threads_per_request"] > 0) is (row["store"] == "sqlite")  # the SQLite writer
+        assert row["gateway_loop_over_relay"] > 1
+    kept = {path.name for path in (tmp_path / "dumps").iterdir()}
+    assert "relay.chat.full.k5.n100-01" in kept and "gateway.this.none.chat.stream.k5.n100-01" in kept
+    assert "| this tree | sqlite | chat/full/k5/n100 |" in instructions.table(report)
