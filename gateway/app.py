@@ -154,7 +154,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         # non-streamed Response skips the delta events nobody would see.
         return turn.track(ResponsesFront(settings, route.vocab, serialized=True, deltas=gen.stream))
 
-    return await _serve(request, "responses", gen, front, RESPONSES_FRAMING, "top_logprobs", on_final=turn.save)
+    return await _serve(request, "responses", gen, front, RESPONSES_FRAMING, "top_logprobs",
+                        on_final=turn.save_after_answer)
 
 
 async def _create_background(request: web.Request, body: dict[str, Any], turn: Turn) -> web.StreamResponse:
@@ -245,7 +246,8 @@ class _Exchange:
     first_token_at: float | None = None
     sent_tokens: int = 0  # output tokens written to the client so far (streams)
     step_usage: dict[str, Any] | None = None
-    # Awaited once the final output exists, before the client gets it (the response store queues its save here).
+    # Awaited once the final output exists, before the client gets it (the response store queues its save
+    # here, or, for an HTTP answer, has it queued once the answer is written: Turn.save_after_answer).
     on_final: Callable[[], Awaitable[None]] | None = None
     long_stream: bool = False  # the upstream stream may run long: it goes through state.long_stream_session
 

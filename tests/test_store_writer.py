@@ -363,3 +363,54 @@ async def test_a_long_answer_is_encoded_as_it_is_saved_a_short_one_after_the_tur
         assert write._columns is None and write._encoded is not None  # read back: packed, and the columns gone
     finally:
         await store.close()
+
+
+async def test_an_http_answer_is_saved_once_written_and_waits_for_room_only_when_the_queue_is_full(tmp_path, vocab):
+    """POST /v1/responses queues its save after the answer (Turn.save_after_answer, run when the request's
+    task ends), so none of it is in the client's latency, and before the loop could serve a request that
+    names the id. With the queue full the save is awaited before the answer instead: backpressure."""
+    from gateway.store import ScopedStore
+    from gateway.stored_routes import RecordingFront, Turn
+    from gateway.translate.fronts import ResponsesFront
+    from gateway.translate.response_object import ResponseSettings
+
+    path = tmp_path / "r.sqlite3"
+    store = WriteBehind(SQLiteStore(path, ttl_seconds=3600, max_responses=100), queue_size=1, linger=0)
+    await store.open()
+
+    def answered_turn(text: str) -> tuple[Turn, str]:
+        turn = Turn(ScopedStore(store, None), None, text)
+        front = turn.track(ResponsesFront(ResponseSettings(model="m"), vocab, serialized=True, deltas=False))
+        assert isinstance(front, RecordingFront)
+        front.start()
+        front.feed([], text)  # text only: no logprobs asked for
+        return turn, front.final("stop", None)["id"]
+
+    async def handler(turn: Turn, response_id: str) -> bool:
+        await turn.save_after_answer()
+        return response_id in store._pending  # queued while its answer is still being written?
+
+    try:
+        turn, first = answered_turn("first")
+        assert await asyncio.create_task(handler(turn, first)) is False
+        await asyncio.sleep(0)  # the task's done callbacks: the save is queued now
+        assert first in store._pending and (await store.get(first))["id"] == first
+        await store.flush()
+        assert first in _committed(path)
+        with _write_lock(path):
+            blocked, second = answered_turn("second")
+            await asyncio.create_task(handler(blocked, second))
+            await asyncio.sleep(0.05)  # the writer took it and waits for the lock: the queue is empty again
+            filled, third = answered_turn("third")
+            await asyncio.create_task(handler(filled, third))
+            await asyncio.sleep(0)
+            assert store.depth == 1 and not store.has_room()
+            held, fourth = answered_turn("fourth")
+            waiting = asyncio.create_task(handler(held, fourth))
+            await asyncio.sleep(0.2)
+            assert not waiting.done()  # no room: its answer waits for the writer
+        assert await asyncio.wait_for(waiting, 15) is True  # saved before its answer, as `save` does
+        await store.flush()
+        assert {first, second, third, fourth} <= _committed(path)
+    finally:
+        await store.close()

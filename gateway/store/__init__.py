@@ -41,6 +41,14 @@ class ResponseStore(Protocol):
         the Response's logprobs Fragment with the batch it was rendered from, when the caller has it
         (store.codec encodes from the batch: the same bytes, without reading the list's JSON back)."""
 
+    def has_room(self) -> bool:
+        """Whether `queue` can take a save now without going past the store's bound on waiting saves."""
+
+    def queue(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None, *,
+              lists: Sequence[LogprobList] = ()) -> Any:
+        """`save` (not durable) without waiting: for a caller that asked `has_room` first and cannot await
+        (a callback that runs once the answer is written). Raises when the store is closed."""
+
     async def get(self, response_id: str) -> dict[str, Any] | None:
         """The stored Response, or None when unknown, deleted or expired."""
 
@@ -79,6 +87,13 @@ class ScopedStore:
             return await self.store.save(response, input_items, events, durable=durable, lists=lists)
         await self.store.save({**response, "id": self._key(response["id"])}, input_items, events, durable=durable,
                               lists=lists)
+
+    def has_room(self) -> bool:
+        return self.store.has_room()
+
+    def queue(self, response: dict[str, Any], input_items: list[Item], *, lists: Sequence[LogprobList] = ()) -> None:
+        self.store.queue({**response, "id": self._key(response["id"])} if self.prefix else response, input_items,
+                         lists=lists)
 
     async def get(self, response_id: str) -> dict[str, Any] | None:
         found = await self.store.get(self._key(response_id))

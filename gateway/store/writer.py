@@ -226,8 +226,26 @@ class WriteBehind:
 
     # --- saving ---------------------------------------------------------------------------------
 
+    def has_room(self) -> bool:
+        """Whether a save now would be queued without waiting (the queue is not full)."""
+        return len(self._queue) < self.queue_size
+
     async def save(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None, *,
                    durable: bool = False, lists: Sequence[codec.LogprobList] = ()) -> None:
+        if self._task is None or self._closing:
+            raise RuntimeError("the response store is closed")
+        while len(self._queue) >= self.queue_size:  # backpressure: wait for the writer to make room
+            self._room.clear()
+            await self._room.wait()
+        write = self.queue(response, input_items, events, lists=lists)
+        if durable:
+            await write.done.wait()
+
+    def queue(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None, *,
+              lists: Sequence[codec.LogprobList] = ()) -> Write:
+        """Queue the save now, room or not: for a caller that checked `has_room` just before (the server,
+        once its answer is written: at most the saves of the answers finished in one turn of the loop go
+        past `queue_size`). `save` is the one that waits for room."""
         if self._task is None or self._closing:
             raise RuntimeError("the response store is closed")
         write = Write.deferred(response, input_items, events, lists)
@@ -238,17 +256,13 @@ class WriteBehind:
             write.packed()
         else:  # after this turn of the loop (the answer written first): see Write.deferred
             asyncio.get_running_loop().call_soon(write.encode)
-        while len(self._queue) >= self.queue_size:  # backpressure: wait for the writer to make room
-            self._room.clear()
-            await self._room.wait()
         self._queue.append(write)
         self._pending[write.response_id] = write
         for key in write.keys:
             self._pending_items[key] = write.response_id
         self.counters.queued(len(self._queue))
         self._wake.set()
-        if durable:
-            await write.done.wait()
+        return write
 
     async def _writer(self) -> None:
         while True:
