@@ -168,8 +168,9 @@ class ResponsesStream:
     """One Responses stream (or non-streamed Response), built token by token.
 
     `serialized`: the message's logprobs come out as `orjson.Fragment`s (JSON written once), for a
-    caller that only serializes what it gets (the server). `deltas`: False when no
-    `output_text.delta` events are wanted (a non-streamed Response): text and tokens are only kept.
+    caller that only serializes what it gets (the server). `deltas`: False for a
+    non-streamed Response: no `output_text.delta` events (text and tokens are only kept), and none of the
+    message's other events but the terminal one (nobody would see them).
     """
 
     def __init__(self, settings: ResponseSettings, *, response_id: str | None = None,
@@ -215,6 +216,8 @@ class ResponsesStream:
         return self._snapshot(status, output=self._output("in_progress" if status == "in_progress" else "incomplete"))
 
     def start(self) -> list[dict[str, Any]]:
+        if not self._with_deltas:  # a non-streamed Response: no event is sent, so none is built
+            return []
         snapshot = self._snapshot("in_progress")
         return [self._event("response.created", response=snapshot),
                 self._event("response.in_progress", response=snapshot)]
@@ -231,6 +234,8 @@ class ResponsesStream:
             return []
         events = self._add(_MESSAGE)
         self._message_index = len(self._items) - 1
+        if not self._with_deltas:  # (as `start`)
+            return events
         index = self._message_index
         events.append(self._event("response.output_item.added", output_index=index,
                                   item=message_item(self.message_id, "in_progress", [])))
@@ -274,6 +279,8 @@ class ResponsesStream:
         # Bytes still waiting for the rest of a character go out now, in a delta with no text.
         events = self._message_deltas(self._grouper.finish("length" if status == "incomplete" else None))
         self._message_status = status
+        if not self._with_deltas:  # (as `start`) the message item is built once, by `_output`
+            return events
         index = self._message_index
         logprobs = self.logprobs
         part = output_text_part(self.text, logprobs)
