@@ -301,17 +301,15 @@ class ResponsesStream:
             if self.settings.include_logprobs:
                 self._logprobs.keep(tokens)
             return None
-        entries = self._entries(tokens)
+        if self.settings.include_logprobs:
+            entries = self._logprobs.delta(tokens if type(tokens) is list else list(tokens))
+        else:
+            entries = []
         # Built in place (one event per character of output): the same dict `_event` would build.
         event = {"type": "response.output_text.delta", "sequence_number": self._sequence, "item_id": self.message_id,
                  "output_index": self._message_index, "content_index": 0, "delta": text, "logprobs": entries}
         self._sequence += 1
         return event
-
-    def _entries(self, tokens: Iterable[Token]) -> Logprobs:
-        if not self.settings.include_logprobs:
-            return []
-        return self._logprobs.delta(tokens if isinstance(tokens, list) else list(tokens))
 
     # --- input --------------------------------------------------------------------------------
 
@@ -319,7 +317,11 @@ class ResponsesStream:
         """Take one upstream step of message text: its tokens (exact bytes) and the text delta it reported."""
         if not self._with_deltas:  # only the sum of the groups is used: one per step where it can be
             return self._deltas(self._grouper.feed_all(tokens, upstream_text))
-        return self._deltas(self._grouper.feed(tokens, upstream_text))
+        groups = self._grouper.feed(tokens, upstream_text)
+        if len(groups) == 1 and self._open is _MESSAGE:  # the usual step (one delta of the open message), directly
+            text, grouped = groups[0]
+            return [self._delta(text, grouped)]  # type: ignore[list-item]  # with deltas: always an event
+        return self._deltas(groups) if groups else []
 
     def _deltas(self, groups: list[tuple[str, list[Token]]]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []

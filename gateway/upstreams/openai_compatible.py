@@ -147,19 +147,27 @@ def _read_chunk(raw: bytes, options: ParseOptions, completions: bool) -> Step | 
     if fields is None:
         return None
     text, tokens, finish_reason = fields
-    report = TranslationReport()
-    report.from_ids = len(tokens)
     step = Step(text, tokens, finish_reason)
-    step.report = report
+    step.report = _from_ids_report(len(tokens))
     return step
 
 
-def read_chat_chunk(raw: bytes, options: ParseOptions) -> Step | None:
-    return _read_chunk(raw, options, False)
+# One report per count, shared by the chunks (nearly all of one token or none) instead of one made per chunk:
+# a report is only ever read once parsing has made it (summed into the metrics, or merged into another).
+_FROM_IDS_REPORTS: dict[int, TranslationReport] = {}
 
 
-def read_completions_chunk(raw: bytes, options: ParseOptions) -> Step | None:
-    return _read_chunk(raw, options, True)
+def _from_ids_report(count: int) -> TranslationReport:
+    report = _FROM_IDS_REPORTS.get(count)
+    if report is None:
+        report = TranslationReport(from_ids=count)
+        if count < 64:
+            _FROM_IDS_REPORTS[count] = report
+    return report
+
+
+read_chat_chunk: Callable[[bytes, ParseOptions], Step | None] = functools.partial(_read_chunk, completions=False)
+read_completions_chunk: Callable[[bytes, ParseOptions], Step | None] = functools.partial(_read_chunk, completions=True)
 
 
 def _hide_control(token: Token) -> Token:
