@@ -14,7 +14,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,46 @@ def _write_lock(path: Path):
 def _committed(path: Path) -> set[str]:
     with sqlite3.connect(path) as db:
         return {row[0] for row in db.execute("SELECT id FROM responses")}
+
+
+def _serve_config(tmp_path: Path, simulator: Any, path: Path) -> Path:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "upstreams": {"sim": {"urls": [str(simulator.make_url("")).rstrip("/")], "health_interval": 0}},
+        "models": {"demo-model": {"upstream": "sim", "tokenizer": {"builtin": "demo"}}},
+        "store": {"backend": "sqlite", "path": str(path)}}))
+    return config
+
+
+@asynccontextmanager
+async def _serving(config: Path):
+    """A real `responses-gateway serve` process: (its base URL, the process); killed if still up at the end."""
+    process = await asyncio.create_subprocess_exec(EXE, "serve", "--config", str(config), "--port", "0",
+                                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        while True:
+            line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+            assert line, "the gateway exited before listening"
+            if "responses-gateway on http://" in line:
+                yield line.split()[2], process
+                break
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def _create(session: aiohttp.ClientSession, base: str, body: dict[str, Any], *, whole: bool = False) -> str:
+    """POST /v1/responses -> the new id (`whole`: the answer must have run to its end: 200, and a stream's
+    terminal event; 8 tokens at the cap end `incomplete`)."""
+    async with session.post(f"{base}/v1/responses", json=body) as reply:
+        assert reply.status == 200 or not whole
+        raw = await reply.read()
+    if not body.get("stream"):
+        return orjson.loads(raw)["id"]
+    assert b"event: response.incomplete" in raw or not whole
+    first = raw.split(b"data: ", 1)[1].split(b"\n", 1)[0]
+    return orjson.loads(first)["response"]["id"]
 
 
 async def test_a_pending_save_is_read_back_on_the_same_gateway(aiohttp_server, vocab, tmp_path):
@@ -174,44 +214,20 @@ async def test_sigterm_writes_every_queued_response_before_exiting(aiohttp_serve
     the file after SIGTERM (the drain writes the queue before the process exits)."""
     simulator = await aiohttp_server(create_simulator(build_demo_vocab(), "demo-model"))
     path = tmp_path / "r.sqlite3"
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({
-        "upstreams": {"sim": {"urls": [str(simulator.make_url("")).rstrip("/")], "health_interval": 0}},
-        "models": {"demo-model": {"upstream": "sim", "tokenizer": {"builtin": "demo"}}},
-        "store": {"backend": "sqlite", "path": str(path)}}))
-    process = await asyncio.create_subprocess_exec(EXE, "serve", "--config", str(config), "--port", "0",
-                                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        while True:
-            line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
-            assert line, "the gateway exited before listening"
-            if "responses-gateway on http://" in line:
-                base = line.split()[2]
-                break
+    async with _serving(_serve_config(tmp_path, simulator, path)) as (base, process):
         body: dict[str, Any] = {"model": "demo-model", "input": "hi", "max_output_tokens": 8}
         async with aiohttp.ClientSession() as session:
             async with session.post(f"{base}/v1/responses", json=body) as reply:
                 assert reply.status == 200  # the file and its tables exist
             with _write_lock(path):
-                async def create(stream: bool) -> str:
-                    async with session.post(f"{base}/v1/responses", json={**body, "stream": stream}) as reply:
-                        raw = await reply.read()
-                    if not stream:
-                        return orjson.loads(raw)["id"]
-                    first = raw.split(b"data: ", 1)[1].split(b"\n", 1)[0]
-                    return orjson.loads(first)["response"]["id"]
-
-                made = await asyncio.gather(*(create(i % 2 == 1) for i in range(24)))
+                made = await asyncio.gather(*(_create(session, base, {**body, "stream": i % 2 == 1})
+                                              for i in range(24)))
                 assert not set(made) & _committed(path)
                 process.send_signal(signal.SIGTERM)
                 await asyncio.sleep(0.5)  # the gateway is draining, its writer still held back by the lock
                 assert process.returncode is None
         assert await asyncio.wait_for(process.wait(), 60) == 0
         assert set(made) <= _committed(path)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
 
 
 async def test_the_memory_store_keeps_a_long_response_compact_and_reads_it_back_exactly():
@@ -414,3 +430,21 @@ async def test_an_http_answer_is_saved_once_written_and_waits_for_room_only_when
         assert {first, second, third, fourth} <= _committed(path)
     finally:
         await store.close()
+
+
+async def test_answers_in_flight_at_sigterm_are_saved_before_exiting(aiohttp_server, tmp_path):
+    """Saves queued once the answer is written (Turn.save_after_answer) are still written when the answer
+    finishes during the drain: a real `serve`, requests still generating when SIGTERM comes."""
+    simulator = await aiohttp_server(create_simulator(build_demo_vocab(), "demo-model", step_delay_ms=40))
+    path = tmp_path / "r.sqlite3"
+    async with _serving(_serve_config(tmp_path, simulator, path)) as (base, process):
+        body: dict[str, Any] = {"model": "demo-model", "input": "hi", "max_output_tokens": 8}
+        async with aiohttp.ClientSession() as session:
+            pending = [asyncio.create_task(_create(session, base, {**body, "stream": i % 2 == 1}, whole=True))
+                       for i in range(8)]
+            await asyncio.sleep(0.15)  # every one still generating (8 steps of 40 ms)
+            assert not any(task.done() for task in pending)
+            process.send_signal(signal.SIGTERM)
+            made = await asyncio.gather(*pending)
+        assert await asyncio.wait_for(process.wait(), 60) == 0
+        assert set(made) <= _committed(path)
