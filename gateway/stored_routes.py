@@ -34,6 +34,7 @@ from gateway.middleware import after_answer, bearer_token, json_response
 from gateway.sse import sse_headers
 from gateway.store import Item, ResponseStore, ScopedStore, caller_tag, open_store, page_items
 from gateway.store.codec import LogprobList
+from gateway.store.writer import LONG_RESPONSE_TOKENS
 from gateway.translate.fronts import FrontTranslator
 from gateway.translate.input_items import replayed_items, stored_input_items, without_logprobs
 from gateway.translate.request import LOGPROBS_INCLUDE
@@ -160,24 +161,29 @@ class Turn:
         Response: its input made into stored items, their keys, the queue). A request that names the new
         id still finds it: the callback runs when the request's task ends, before the loop reads a request
         that follows the answer (and a read of a recent id waits for a pending save anyway; see
-        gateway.store.writer). A store whose queue is full gets the save now, awaited, as `save` does:
-        the answer waits for room (backpressure). Not for a WebSocket, whose task is the connection's:
-        its next turn must find this one at once (`save`)."""
-        front = self.front
-        if self.store is None or front is None:
-            return
-        if not self.store.has_room():
-            await self.save()
+        gateway.store.writer). Saved now instead, as `save` does: when the store's queue is full (the
+        answer waits for room: backpressure), and a long answer (encoded at once, so that its Response is
+        not held while its last frames go out; see WriteBehind.queue). Not for a WebSocket, whose task is
+        the connection's: its next turn must find this one at once (`save`)."""
+        front, store = self.front, self.store
+        if store is None or front is None:
             return
         response, lists = front.final_response, front.logprob_lists
-        if response is not None and response.get("status") in STORED_STATUSES:
-            after_answer(functools.partial(self._queue, self.store, response, lists))
+        if response is None or response.get("status") not in STORED_STATUSES:
+            return
+        if not store.has_room() or any(len(batch) >= LONG_RESPONSE_TOKENS for _, batch, _ in lists):
+            await self.save()
+            return
+        # Plain values only: the Turn holds the translator, which must not outlive the handler (gateway.app._record).
+        after_answer(functools.partial(_queue_save, store, response, self.replayed, self.given_input, lists))
 
-    def _queue(self, store: ScopedStore, response: dict[str, Any], lists: list[LogprobList]) -> None:
-        try:
-            store.queue(response, [*self.replayed, *stored_input_items(self.given_input)], lists=lists)
-        except Exception:
-            log.exception("could not store response %s", response.get("id"))
+
+def _queue_save(store: ScopedStore, response: dict[str, Any], replayed: list[Item], given_input: Any,
+                lists: list[LogprobList]) -> None:
+    try:
+        store.queue(response, [*replayed, *stored_input_items(given_input)], lists=lists)
+    except Exception:
+        log.exception("could not store response %s", response.get("id"))
 
 
 async def begin_turn(request: web.Request, body: dict[str, Any], *, expand: bool = True) -> Turn:
