@@ -50,7 +50,12 @@ def test_store_benchmark_compares_the_default_store_with_none_and_measures_the_f
     lost = report["per_round"]["streams_per_s"]
     assert report["overhead"]["streams_per_s"] == pytest.approx(sum(lost) / 2)  # the median of two
     for row in report["summary"].values():
-        assert row["errors"] == 0 and row["streams_per_s"] > 0 and row["nonstream_added_p50_ms"] is not None
+        assert row["errors"] == 0 and row["streams_per_s"] > 0
+        # Non-streamed on both routes the issue's targets name.
+        assert set(row["nonstream"]) == {"chat", "completions"}
+        assert all(each["added_p50_ms"] is not None and each["cpu_ms"] > 0 for each in row["nonstream"].values())
+    assert set(report["overhead"]) == {"nonstream_added_p50_chat", "nonstream_added_p50_completions",
+                                       "streams_per_s"}
     figures = report["file"]
     assert figures["responses"] > 0
     # What each stored 100-token k=5 Response takes in its row (issue 19: at most 8 KB on disk).
@@ -58,7 +63,8 @@ def test_store_benchmark_compares_the_default_store_with_none_and_measures_the_f
     assert report["probe_ms"]["min"] > 0
     text = store.markdown(report, "pytest")
     assert "Bytes per stored response" in text and "Machine speed: a fixed probe" in text
-    assert text.count("(rounds: ") == 4
+    assert text.count("(rounds: ") == 6
+    assert "non-streamed completions: added p50" in text
 
 
 def test_workers_benchmark_runs_one_and_two_worker_stacks_with_no_errors(tmp_path):
