@@ -192,6 +192,11 @@ async def test_the_same_bytes_whether_the_upstream_sends_one_event_per_read_or_a
     # then the closing events with the end of the chunked body; one by one: a write per event.
     assert many > 20 and few < many / 4
     assert ids_one == ids_all == ids_uneven > 0  # the counters end the same, however often they were updated
+    # A chunk read from ids shares its count's report with every other such chunk: none may have changed it.
+    from gateway.logprobs.report import TranslationReport
+    from gateway.upstreams.openai_compatible import _FROM_IDS_REPORTS
+    assert _FROM_IDS_REPORTS  # these streams' chunks went that way
+    assert all(report == TranslationReport(from_ids=count) for count, report in _FROM_IDS_REPORTS.items())
 
 
 async def test_a_broken_event_in_a_read_still_sends_the_events_before_it(aiohttp_server, vocab, writes):
