@@ -630,7 +630,7 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
         # Everything made from one network read goes out in one write. `items` holds what is not
         # written yet, so a failure partway through a read still sends the events before it.
         items: list[dict[str, Any]] = []
-        read, read_chunk, feed, reports = call.read, call.read_chunk, front.feed_step, exchange.reports
+        read, feed, reports = call.read, front.feed_step, exchange.reports
         # What parsing repaired reaches the counters at most a second late (and all of it at the end).
         flush_at = read_at = time.monotonic()
         flush_at += _REPORT_FLUSH_SECONDS
@@ -638,10 +638,7 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
         try:
             async for batch in batches or data_batches(upstream.content):
                 for data in batch:
-                    # The dialect's chunk reader at once (it declines an uncommon chunk): `read` is that, one call more.
-                    step = read_chunk(data, options) if read_chunk is not None else None
-                    if step is None:
-                        step = read(data, options, True)
+                    step = read(data, options, True)
                     unsent += len(step.tokens) + len(step.reasoning_tokens)
                     if step.usage:
                         exchange.step_usage = step.usage

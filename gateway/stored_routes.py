@@ -34,7 +34,7 @@ from gateway.middleware import after_answer, bearer_token, json_response
 from gateway.sse import sse_headers
 from gateway.store import Item, ResponseStore, ScopedStore, caller_tag, open_store, page_items
 from gateway.store.codec import LogprobList
-from gateway.store.writer import LONG_RESPONSE_TOKENS
+from gateway.store.writer import is_long
 from gateway.translate.fronts import FrontTranslator
 from gateway.translate.input_items import replayed_items, stored_input_items, without_logprobs
 from gateway.translate.request import LOGPROBS_INCLUDE
@@ -149,11 +149,10 @@ class Turn:
                 return
         continued = response.get("status") in STORED_STATUSES
         try:
-            items = [*self.replayed, *stored_input_items(self.given_input)] if continued else []
+            items = turn_input_items(self.replayed, self.given_input) if continued else []
             await self.store.save(response, items, events, durable=durable, lists=lists)
         except Exception:
             log.exception("could not store response %s", response.get("id"))
-
 
     async def save_after_answer(self) -> None:
         """`save` for an HTTP answer (on_final of POST /v1/responses): the save is queued once the answer
@@ -171,17 +170,22 @@ class Turn:
         response, lists = front.final_response, front.logprob_lists
         if response is None or response.get("status") not in STORED_STATUSES:
             return
-        if not store.has_room() or any(len(batch) >= LONG_RESPONSE_TOKENS for _, batch, _ in lists):
+        if not store.has_room() or is_long(lists):
             await self.save()
             return
         # Plain values only: the Turn holds the translator, which must not outlive the handler (gateway.app._record).
         after_answer(functools.partial(_queue_save, store, response, self.replayed, self.given_input, lists))
 
 
+def turn_input_items(replayed: list[Item], given_input: Any) -> list[Item]:
+    """What a continued Response keeps as its input: the replayed history, then this turn's input as stored."""
+    return [*replayed, *stored_input_items(given_input)]
+
+
 def _queue_save(store: ScopedStore, response: dict[str, Any], replayed: list[Item], given_input: Any,
                 lists: list[LogprobList]) -> None:
     try:
-        store.queue(response, [*replayed, *stored_input_items(given_input)], lists=lists)
+        store.queue(response, turn_input_items(replayed, given_input), lists=lists)
     except Exception:
         log.exception("could not store response %s", response.get("id"))
 

@@ -36,10 +36,10 @@ from aiohttp import WSMsgType, web
 from gateway.app import RESPONSES_FRAMING, STATE, ClientGone, serve_generation
 from gateway.errors import GatewayError, bad_request
 from gateway.middleware import access_line
-from gateway.stored_routes import STORED_STATUSES, Turn, begin_turn, expand_turn_compactions
+from gateway.stored_routes import STORED_STATUSES, Turn, begin_turn, expand_turn_compactions, turn_input_items
 from gateway.translate.front_doors import generation_from_responses, responses_settings
 from gateway.translate.fronts import ResponsesFront
-from gateway.translate.input_items import Item, replayed_items, stored_input_items
+from gateway.translate.input_items import Item, replayed_items
 
 access_log = logging.getLogger("responses_gateway.access")
 log = logging.getLogger("responses_gateway.websocket")
@@ -121,7 +121,7 @@ class _Connection:
                 if previous is not None:
                     self.cache.pop(previous, None)
             elif final.get("status") in STORED_STATUSES:
-                history = [*turn.replayed, *stored_input_items(turn.given_input)]  # as given, as stored
+                history = turn_input_items(turn.replayed, turn.given_input)  # as given, as stored
                 self.remember(final["id"], replayed_items(history, final.get("output") or []))
         except GatewayError as exc:
             status = exc.status

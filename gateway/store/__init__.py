@@ -91,9 +91,10 @@ class ScopedStore:
     def has_room(self) -> bool:
         return self.store.has_room()
 
-    def queue(self, response: dict[str, Any], input_items: list[Item], *, lists: Sequence[LogprobList] = ()) -> None:
+    def queue(self, response: dict[str, Any], input_items: list[Item], events: bytes | None = None, *,
+              lists: Sequence[LogprobList] = ()) -> None:
         self.store.queue({**response, "id": self._key(response["id"])} if self.prefix else response, input_items,
-                         lists=lists)
+                         events, lists=lists)
 
     async def get(self, response_id: str) -> dict[str, Any] | None:
         found = await self.store.get(self._key(response_id))

@@ -166,6 +166,11 @@ class _NoCounters:
 LONG_RESPONSE_TOKENS = 256
 
 
+def is_long(lists: Sequence[codec.LogprobList]) -> bool:
+    """Whether a save's logprob lists make it a long answer (LONG_RESPONSE_TOKENS or more): encoded at once."""
+    return any(len(batch) >= LONG_RESPONSE_TOKENS for _, batch, _ in lists)
+
+
 def _is_recent(key: str, horizon: float) -> bool:
     created = id_created_at(key.rpartition("/")[2])
     return created is not None and time.time() - horizon <= created <= time.time() + 60  # 60 s of clock skew
@@ -249,7 +254,7 @@ class WriteBehind:
         if self._task is None or self._closing:
             raise RuntimeError("the response store is closed")
         write = Write.deferred(response, input_items, events, lists)
-        if any(len(batch) >= LONG_RESPONSE_TOKENS for _, batch, _ in lists):
+        if is_long(lists):
             # A long answer is encoded now: a 1,000-token stream's save encoded after this turn, while its
             # closing frames go out, left 256 such streams peaking ~50 MB higher (bench.memory: 238-262
             # against 200-205 MB), and ~0.4 ms is little beside the time it took to generate.

@@ -83,11 +83,7 @@ class TextGrouper:
 
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[Group]:
         """One upstream step: its tokens (exact bytes where known) and the text it reported."""
-        if upstream_text:  # (_count_upstream, written out: once per token of a stream)
-            if not self._upstream_chars:
-                self._upstream_head = upstream_text
-            self._upstream_chars += len(upstream_text)
-            self._upstream_tail = upstream_text[-1]
+        self._count_upstream(upstream_text)
         if type(tokens) is not list:
             tokens = list(tokens)
         if len(tokens) == 1:
