@@ -16,8 +16,10 @@ from gateway.app import STATE, create_app
 from gateway.config import parse_config
 from gateway.logprobs.compiled import fastpath
 from gateway.logprobs.demo_vocab import build_demo_vocab
+from gateway.logprobs.report import TranslationReport
 from gateway.simulator.vllm import create_app as create_simulator
 from gateway.sse import _events, data_batches, data_payloads, split_events
+from gateway.upstreams.openai_compatible import _FROM_IDS_REPORTS
 
 MODEL = "demo-model"
 
@@ -183,6 +185,7 @@ def writes(monkeypatch):
 async def test_the_same_bytes_whether_the_upstream_sends_one_event_per_read_or_all_at_once(aiohttp_server, vocab,
                                                                                          writes):
     frames = await _recorded_frames(aiohttp_server, vocab)
+    _FROM_IDS_REPORTS.clear()  # a cache: emptied so that what fills it below came from these streams
     one_by_one, many, ids_one = await _through_gateway(aiohttp_server, frames, [1] * len(frames), writes)
     at_once, few, ids_all = await _through_gateway(aiohttp_server, frames, [len(frames)], writes)
     uneven, _, ids_uneven = await _through_gateway(aiohttp_server, frames, [3, 1, 7, 2, 11, 5], writes)
@@ -193,8 +196,6 @@ async def test_the_same_bytes_whether_the_upstream_sends_one_event_per_read_or_a
     assert many > 20 and few < many / 4
     assert ids_one == ids_all == ids_uneven > 0  # the counters end the same, however often they were updated
     # A chunk read from ids shares its count's report with every other such chunk: none may have changed it.
-    from gateway.logprobs.report import TranslationReport
-    from gateway.upstreams.openai_compatible import _FROM_IDS_REPORTS
     assert _FROM_IDS_REPORTS  # these streams' chunks went that way
     assert all(report == TranslationReport(from_ids=count) for count, report in _FROM_IDS_REPORTS.items())
 
