@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
+import os
 import signal
 import sqlite3
 import subprocess
@@ -315,11 +317,40 @@ async def test_saving_a_stored_id_again_replaces_its_row_and_its_item_rows(tmp_p
         assert db.execute("SELECT COUNT(*) FROM responses").fetchone() == (2,)
 
 
+def _open_and_close_at(path: Path, barrier: Any) -> None:
+    """One worker's start (in a forked process): wait for the others, then open the store and close it."""
+    async def open_and_close() -> None:
+        store = SQLiteStore(path, ttl_seconds=3600, max_responses=100)
+        await store.open()
+        await store.close()
+
+    barrier.wait(10)
+    asyncio.run(open_and_close())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the workers fork")
+def test_workers_opening_a_new_file_together_all_open_it(tmp_path):
+    """`serve --workers N` starts N processes that open one new SQLite file at once. Switching it to WAL
+    fails at once (SQLITE_BUSY, no busy wait) in whichever loses the race: before the retry, 123 of 200
+    such pairs lost a worker to "database is locked" here, and CI saw the supervisor restart one."""
+    context = multiprocessing.get_context("fork")
+    for attempt in range(8):
+        path = tmp_path / f"new-{attempt}" / "r.sqlite3"
+        barrier = context.Barrier(4)
+        workers = [context.Process(target=_open_and_close_at, args=(path, barrier)) for _ in range(4)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(60)
+        assert [worker.exitcode for worker in workers] == [0, 0, 0, 0], f"attempt {attempt}"
+        with sqlite3.connect(path) as db:
+            assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="per-thread niceness is Linux's")
 async def test_the_sqlite_writer_thread_runs_at_a_lower_priority_than_the_event_loop(tmp_path):
     """Deflating and committing are background work: the writer thread is niced (so it does not preempt the
     event loop on a shared core); the reader thread, which requests wait on, is not."""
-    import os
     import threading
 
     def niceness() -> int:

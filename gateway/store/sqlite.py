@@ -80,6 +80,29 @@ def _in_the_background() -> None:
         os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + WRITER_NICENESS))
 
 
+# How long a statement waits out another process's lock before it fails.
+BUSY_TIMEOUT_SECONDS = 10.0
+
+
+def _switch_to_wal(db: sqlite3.Connection) -> None:
+    """PRAGMA journal_mode=WAL, waiting out another process that holds the file's lock meanwhile.
+
+    SQLite fails that pragma at once with SQLITE_BUSY instead of calling the busy handler: two workers
+    opening a new file together failed it 123 times in 200 here (one worker then exits, and is restarted).
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
+    pause = 0.005
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(0.1, pause * 2)
+
+
 class SQLiteStore:
     def __init__(self, path: Path, *, ttl_seconds: int, max_responses: int,
                  clock: Callable[[], float] = time.time) -> None:
@@ -118,8 +141,8 @@ class SQLiteStore:
         _in_the_background()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # Autocommit mode; save() opens its own transaction. busy_timeout: wait out another process's write.
-        db = sqlite3.connect(self.path, isolation_level=None, timeout=10.0)
-        db.execute("PRAGMA journal_mode=WAL")
+        db = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_SECONDS)
+        _switch_to_wal(db)
         db.execute("PRAGMA synchronous=NORMAL")
         db.execute("PRAGMA foreign_keys=ON")  # pruning a response drops its item rows
         db.executescript(_SCHEMA)
@@ -139,7 +162,7 @@ class SQLiteStore:
         self._db = db
 
     def _open_reader(self) -> None:
-        db = sqlite3.connect(self.path, isolation_level=None, timeout=10.0)
+        db = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_SECONDS)
         db.execute("PRAGMA foreign_keys=ON")
         self._read_db = db
 
