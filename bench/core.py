@@ -69,10 +69,10 @@ def run(canned: dict[str, Any], seconds: float, ks: tuple[int, ...] = KS, only: 
     from gateway.translate.stream import ResponsesStream
     from gateway.upstreams.base import UpstreamCall
     from gateway.upstreams.openai_compatible import (
+        chat_chunk_reader,
         chat_step,
+        completions_chunk_reader,
         completions_step,
-        read_chat_chunk,
-        read_completions_chunk,
     )
 
     vocab = load_vocab_for(canned["tokenizer"])
@@ -104,8 +104,8 @@ def run(canned: dict[str, Any], seconds: float, ks: tuple[int, ...] = KS, only: 
         return orjson.dumps(translator.final_response(step.finish_reason, None))
 
     readers = {
-        "chat": UpstreamCall("/v1/chat/completions", {}, chat_step, load_chat_body, read_chat_chunk),
-        "completions": UpstreamCall("/v1/completions", {}, completions_step, read_chunk=read_completions_chunk),
+        "chat": UpstreamCall("/v1/chat/completions", {}, chat_step, load_chat_body, chat_chunk_reader),
+        "completions": UpstreamCall("/v1/completions", {}, completions_step, read_chunk=completions_chunk_reader),
     }
 
     def stream(payloads: list[bytes], api: str, settings: ResponseSettings) -> int:
@@ -115,9 +115,9 @@ def run(canned: dict[str, Any], seconds: float, ks: tuple[int, ...] = KS, only: 
         translator = ResponsesStream(settings, vocab=vocab, serialized=True)
         size = sum(len(encode_event(e)) for e in translator.start())
         finish = None
-        read = readers[api].read
+        read = readers[api].stream_reader(options)
         for data in payloads:
-            step = read(data, options, True)
+            step = read(data)
             size += sum(len(encode_event(e)) for e in translator.feed(step.tokens, step.text))
             finish = step.finish_reason or finish
         size += sum(len(encode_event(e)) for e in translator.finish(finish, None))

@@ -436,14 +436,17 @@ def test_a_broken_chunk_is_never_read(data):
 
 
 def test_the_server_reads_chunks_through_the_compiled_reader():
-    from gateway.upstreams.openai_compatible import read_chat_chunk
+    from gateway.upstreams.openai_compatible import chat_chunk_reader
 
     raw = orjson.dumps(_body(_plain_content(2, 3, start=40), text="hi", stream=True))
-    step = read_chat_chunk(raw, OPTIONS)
+    read_chunk = chat_chunk_reader(OPTIONS)
+    assert read_chunk is not None
+    step = read_chunk(raw)
     ordinary = chat_step(orjson.loads(raw), OPTIONS, streaming=True)
     assert step is not None and _fields(step.tokens) == _fields(ordinary.tokens)
     assert (step.report.from_ids, step.report.aligned) == (ordinary.report.from_ids, ordinary.report.aligned) == (2, 0)
-    assert read_chat_chunk(raw, ParseOptions()) is None  # no tokenizer: chat_step reads it
+    assert chat_chunk_reader(ParseOptions()) is None  # no tokenizer: chat_step reads it
+    assert read_chunk(orjson.dumps({"choices": [{"delta": {"tool_calls": []}}]})) is None  # not the common shape
 
 
 @st.composite

@@ -14,7 +14,8 @@ from gateway.logprobs.parse import ParseOptions
 
 StepParser = Callable[[Mapping[str, Any], ParseOptions, bool], Step]
 BodyLoader = Callable[[bytes, ParseOptions], Any]
-ChunkReader = Callable[[bytes, ParseOptions], "Step | None"]
+ChunkReader = Callable[[bytes], "Step | None"]
+ChunkReaderFor = Callable[[ParseOptions], "ChunkReader | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,8 +24,10 @@ class UpstreamCall:
 
     `load(raw, options)` reads one JSON body or stream event's bytes (orjson, unless the dialect has
     a faster reader); `parse(payload, options, streaming)` turns what it gives into a Step.
-    `read_chunk(raw, options)`, where a dialect has one, reads a stream event of its common shape
-    straight to the Step `parse` would make (None: not that shape).
+    `read_chunk(options)`, where a dialect has one, gives a reader (None: none for these options) of a
+    stream event's bytes that reads its common shape straight to the Step `parse` would make (None: not
+    that shape). Made once per stream (`stream_reader`): the tokenizer's tables are looked up then, not
+    at every event.
     `streamed_whole`: the body asks for a stream although the client's answer is whole; the shell reads
     it to its end and `parse` gets the list of its events, each loaded (llama.cpp: see llamacpp.py).
     """
@@ -33,16 +36,32 @@ class UpstreamCall:
     body: dict[str, Any]
     parse: StepParser
     load: BodyLoader = load_json
-    read_chunk: ChunkReader | None = None
+    read_chunk: ChunkReaderFor | None = None
     streamed_whole: bool = False
 
     def read(self, raw: bytes, options: ParseOptions, streaming: bool) -> Step:
         """One body or stream event's bytes -> a Step."""
-        if streaming and self.read_chunk is not None:
-            step = self.read_chunk(raw, options)
-            if step is not None:
-                return step
-        return self.parse(self.load(raw, options), options, streaming=streaming)
+        if streaming:
+            return self.stream_reader(options)(raw)
+        return self.parse(self.load(raw, options), options, streaming=False)
+
+    def stream_reader(self, options: ParseOptions) -> Callable[[bytes], Step]:
+        """`read(raw, options, True)` as one function of the event's bytes, for a stream's loop (it runs
+        once per token)."""
+        parse, load = self.parse, self.load
+
+        def read_any(raw: bytes) -> Step:
+            return parse(load(raw, options), options, streaming=True)
+
+        read_common = self.read_chunk(options) if self.read_chunk is not None else None
+        if read_common is None:
+            return read_any
+
+        def read(raw: bytes) -> Step:
+            step = read_common(raw)
+            return step if step is not None else read_any(raw)
+
+        return read
 
 
 def unsupported(message: str, param: str) -> GatewayError:

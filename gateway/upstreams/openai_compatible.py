@@ -25,7 +25,7 @@ from gateway.logprobs.report import TranslationReport
 from gateway.logprobs.segment import HELD_BYTES, split_content
 from gateway.logprobs.spellings import looks_like_special
 from gateway.logprobs.tokens import Origin, Token
-from gateway.upstreams.base import UpstreamCall, unsupported
+from gateway.upstreams.base import ChunkReader, ChunkReaderFor, UpstreamCall, unsupported
 from gateway.upstreams.verdicts import rejected
 
 
@@ -136,20 +136,29 @@ def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool
     return step
 
 
-def _read_chunk(raw: bytes, options: ParseOptions, completions: bool) -> Step | None:
-    """A stream chunk of the common shape (text and `token_id:N` logprobs, nothing else) read by the
-    compiled reader (`_fastpath_json.c`) straight to the Step `chat_step` (or `completions_step`)
-    makes of it; None otherwise."""
-    if fastpath is None or options.vocab is None or type(raw) is not bytes:
+def _chunk_reader(options: ParseOptions, completions: bool) -> ChunkReader | None:
+    """A reader of stream chunks of the common shape (text and `token_id:N` logprobs, nothing else): the
+    compiled reader (`_fastpath_json.c`) straight to the Step `chat_step` (or `completions_step`) makes
+    of one; None for any other chunk. None without the compiled twin or a tokenizer."""
+    if fastpath is None or options.vocab is None:
         return None
     table, flags = id_table(options.vocab)
-    fields = fastpath.read_chunk(raw, completions, table, flags)
-    if fields is None:
-        return None
-    text, tokens, finish_reason = fields
-    step = Step(text, tokens, finish_reason)
-    step.report = _from_ids_report(len(tokens))
-    return step
+    read_fields = fastpath.read_chunk
+    reports = _FROM_IDS_REPORTS
+
+    def read(raw: bytes) -> Step | None:
+        if type(raw) is not bytes:
+            return None
+        fields = read_fields(raw, completions, table, flags)
+        if fields is None:
+            return None
+        text, tokens, finish_reason = fields
+        step = Step(text, tokens, finish_reason)
+        report = reports.get(len(tokens))
+        step.report = report if report is not None else _from_ids_report(len(tokens))
+        return step
+
+    return read
 
 
 # One report per count, shared by the chunks (nearly all of one token or none) instead of one made per chunk:
@@ -166,8 +175,8 @@ def _from_ids_report(count: int) -> TranslationReport:
     return report
 
 
-read_chat_chunk: Callable[[bytes, ParseOptions], Step | None] = functools.partial(_read_chunk, completions=False)
-read_completions_chunk: Callable[[bytes, ParseOptions], Step | None] = functools.partial(_read_chunk, completions=True)
+chat_chunk_reader: ChunkReaderFor = functools.partial(_chunk_reader, completions=False)
+completions_chunk_reader: ChunkReaderFor = functools.partial(_chunk_reader, completions=True)
 
 
 def _hide_control(token: Token) -> Token:
@@ -336,13 +345,13 @@ def chat_call(flavor: Flavor, gen: Generation, upstream_model: str, *, cap: int 
         body["stream_options"] = {"include_usage": True}
     if flavor.sampled_first and gen.top_k_logprobs > 0 and cap is not None and gen.top_k_logprobs + 1 > cap:
         # k at the server's cap: its list of k may be the sampled token plus the top k-1.
-        return UpstreamCall("/v1/chat/completions", body, _capped_chat_step, load_chat_body, _read_capped_chat_chunk)
+        return UpstreamCall("/v1/chat/completions", body, _capped_chat_step, load_chat_body, _capped_chat_chunk_reader)
     if text_only:
         call = UpstreamCall("/v1/chat/completions", body, functools.partial(chat_step, text_only=True))
     elif not flavor.text_bounds_entries:
         call = UpstreamCall("/v1/chat/completions", body, functools.partial(chat_step, bound=False), load_chat_body)
     else:
-        call = UpstreamCall("/v1/chat/completions", body, chat_step, load_chat_body, read_chat_chunk)
+        call = UpstreamCall("/v1/chat/completions", body, chat_step, load_chat_body, chat_chunk_reader)
     return flavor.adapt(call, gen) if flavor.adapt is not None else call
 
 
@@ -376,9 +385,16 @@ def _capped_chat_step(body: Mapping[str, Any], options: ParseOptions, *, streami
     return _trim_forced(chat_step(body, options, streaming=streaming))
 
 
-def _read_capped_chat_chunk(raw: bytes, options: ParseOptions) -> Step | None:
-    step = read_chat_chunk(raw, options)
-    return None if step is None else _trim_forced(step)
+def _capped_chat_chunk_reader(options: ParseOptions) -> ChunkReader | None:
+    read_chunk = chat_chunk_reader(options)
+    if read_chunk is None:
+        return None
+
+    def read(raw: bytes) -> Step | None:
+        step = read_chunk(raw)
+        return None if step is None else _trim_forced(step)
+
+    return read
 
 
 def completions_call(flavor: Flavor, gen: Generation, upstream_model: str, prompt: str, *, cap: int | None,
@@ -423,5 +439,5 @@ def completions_call(flavor: Flavor, gen: Generation, upstream_model: str, promp
     if flavor.chat_shaped_completions:  # llama.cpp's chat-shaped completions logprobs are Python's to read
         call = UpstreamCall("/v1/completions", body, parse)
     else:
-        call = UpstreamCall("/v1/completions", body, parse, load_completions_body, read_completions_chunk)
+        call = UpstreamCall("/v1/completions", body, parse, load_completions_body, completions_chunk_reader)
     return flavor.adapt(call, gen) if flavor.adapt is not None else call
