@@ -83,9 +83,17 @@ class TextGrouper:
 
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[Group]:
         """One upstream step: its tokens (exact bytes where known) and the text it reported."""
-        self._count_upstream(upstream_text)
+        if upstream_text:
+            self._count_upstream(upstream_text)
         if type(tokens) is not list:
             tokens = list(tokens)
+        elif len(tokens) == 1 and self._first_token_seen and not self._pending and not self._text_led:
+            # The usual step of a stream (one visible ASCII token, nothing waiting): its own group, directly.
+            token = tokens[0]
+            data = token.bytes
+            if token.origin is not _AMBIGUOUS and not token.special and data.isascii():
+                self._emitted_chars += len(data)
+                return [(data.decode(), [token])]
         if len(tokens) == 1:
             lossy = tokens[0].origin is _AMBIGUOUS
         else:
