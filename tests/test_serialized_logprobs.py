@@ -111,3 +111,25 @@ def _grouped(method, tokens, upstream, finish_reason):
 def test_one_group_per_step_sums_to_the_per_character_groups(step, finish_reason):
     tokens, upstream = step
     assert _grouped("feed_all", tokens, upstream, finish_reason) == _grouped("feed", tokens, upstream, finish_reason)
+
+
+def _groups_of_steps(token_steps, upstream, finish_reason):
+    grouper = TextGrouper()
+    groups = []
+    try:
+        for index, tokens in enumerate(token_steps):
+            groups += grouper.feed(tokens, upstream if index == 0 else "")  # (its head: a leading space)
+        groups += grouper.finish(finish_reason)
+    except TextMismatch as exc:
+        return "mismatch", str(exc)
+    return [(text, [tuple(t) for t in group]) for text, group in groups]
+
+
+@given(steps(), st.sampled_from(["stop", "length"]))
+@settings(max_examples=400)
+def test_a_streams_one_token_steps_group_as_one_step_of_the_same_tokens(step, finish_reason):
+    """The grouper's shortcut for the usual stream step (one ASCII token, nothing waiting) makes the group
+    its general loop makes: one token per step gives the groups of all tokens in one step."""
+    tokens, upstream = step
+    assert (_groups_of_steps([[token] for token in tokens], upstream, finish_reason)
+            == _groups_of_steps([tokens], upstream, finish_reason))
