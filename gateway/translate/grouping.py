@@ -83,8 +83,7 @@ class TextGrouper:
 
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[Group]:
         """One upstream step: its tokens (exact bytes where known) and the text it reported."""
-        if upstream_text:
-            self._count_upstream(upstream_text)
+        self._count_upstream(upstream_text)
         if type(tokens) is not list:
             tokens = list(tokens)
         elif len(tokens) == 1 and self._first_token_seen and not self._pending and not self._text_led:

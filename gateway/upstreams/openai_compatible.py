@@ -144,7 +144,6 @@ def _chunk_reader(options: ParseOptions, completions: bool) -> ChunkReader | Non
         return None
     table, flags = id_table(options.vocab)
     read_fields = fastpath.read_chunk
-    reports = _FROM_IDS_REPORTS
 
     def read(raw: bytes) -> Step | None:
         if type(raw) is not bytes:
@@ -154,8 +153,7 @@ def _chunk_reader(options: ParseOptions, completions: bool) -> ChunkReader | Non
             return None
         text, tokens, finish_reason = fields
         step = Step(text, tokens, finish_reason)
-        report = reports.get(len(tokens))
-        step.report = report if report is not None else _from_ids_report(len(tokens))
+        step.report = _from_ids_report(len(tokens))
         return step
 
     return read
