@@ -300,6 +300,7 @@ def measure(stack: Stack, canned: dict[str, Any], case: Case, target: str, concu
     result["steal_cores"] = round(steal / max(job_wall, 1e-9), 3)  # the host's other tenants (in the above too)
     # Utilisation over the whole job (warm-up included): 1.0 = one core busy all the time.
     result["cpu_busy"] = {name: round(seconds / max(job_wall, 1e-9), 3) for name, seconds in used.items()}
+    result["cpu_seconds"] = {name: round(seconds, 4) for name, seconds in used.items()}
     if middle is not None:
         sent_tokens = result["sent"] * case.tokens
         result["cpu_s"] = used[target]

@@ -68,12 +68,34 @@ def run(out: Path, rounds: int, duration: float, *, demo_vocab: bool = False, pr
                                         else _median([c["gateway"].get("other_load_cores") or 0 for c in cells[n]])),
                    "errors": sum(c["gateway"]["errors"] + c["relay"]["errors"] for c in cells[n])}
                for n in WORKERS}
+    for n in WORKERS if load != "wrk" else ():  # (wrk's cells measure no CPU)
+        summary[n]["cpu_ms_per_stream"] = {
+            target: {name: _median([1000 * c[target]["cpu_seconds"][name] / max(c[target]["sent"], 1)
+                                    for c in cells[n]])
+                     for name in cells[n][0][target]["cpu_seconds"]}
+            for target in ("gateway", "relay")}
+        summary[n]["bound_streams_per_s"] = {
+            target: machine_bound(summary[n]["cpu_ms_per_stream"][target], target, n, len(os.sched_getaffinity(0)))
+            for target in ("gateway", "relay")}
     one, two = summary[1], summary[2]
     return {"machine": machine(), "cpus": len(os.sched_getaffinity(0)), "rounds": rounds, "duration": duration,
             "vocab": canned["vocab"], "summary": summary, "load": load, "burst": burst,
             "scaling": two["streams_per_s"] / one["streams_per_s"],
             "relay_scaling": two["relay_streams_per_s"] / one["relay_streams_per_s"],
-            "share_of_relay": two["streams_per_s"] / two["relay_streams_per_s"]}
+            "share_of_relay": two["streams_per_s"] / two["relay_streams_per_s"],
+            "scaling_bound": (two["bound_streams_per_s"]["gateway"] / one["bound_streams_per_s"]["gateway"]
+                              if load != "wrk" else None)}
+
+
+def machine_bound(cpu_ms: dict[str, float], target: str, workers: int, cores: int) -> float:
+    """The most streams/s the measured CPU per stream allows on `cores`: each single process (the replay
+    upstream, the load generator) uses at most one core, the target's `workers` processes at most one each,
+    and all of them together at most `cores`. On a 2-core machine the upstream and the load generator take
+    their share of the cores a second worker would need: that, not the gateway, is what caps the scaling."""
+    caps = [1000 * cores / max(sum(cpu_ms.values()), 1e-9)]
+    for name, ms in cpu_ms.items():
+        caps.append(1000 * (workers if name == target else 1) / max(ms, 1e-9))
+    return min(caps)
 
 
 def markdown(report: dict[str, Any], command: str) -> str:
@@ -90,12 +112,32 @@ def markdown(report: dict[str, Any], command: str) -> str:
         lines.append(f"| {n} | {row['streams_per_s']:.1f} | {row['relay_streams_per_s']:.1f} | "
                      f"{100 * row['streams_per_s'] / row['relay_streams_per_s']:.0f}% | "
                      f"{row['direct_streams_per_s']:.1f} | {other} | {row['errors']} |")
+    if report["scaling_bound"] is not None:
+        lines += _bound_lines(report)
     scaling, share = report["scaling"], report["share_of_relay"]
     met = "met" if scaling >= 1.8 else "MISSED"
     lines += ["", f"Scaling, 2 workers over 1: {scaling:.2f}x (target >= 1.8x: {met}); "
                   f"the relay's own: {report['relay_scaling']:.2f}x. 2-worker gateway = {100 * share:.0f}% of the "
                   f"2-worker relay (target >= 50%: {'met' if share >= 0.5 else 'MISSED'})."]
     return "\n".join(lines)
+
+
+def _bound_lines(report: dict[str, Any]) -> list[str]:
+    """Each row's CPU per stream, by process, and the streams/s it allows on this machine's cores."""
+    lines = ["", f"CPU per stream (ms, warm-up included) and the most streams/s it allows on {report['cpus']} cores "
+             "(`machine_bound`):", "",
+             "| workers | gateway | its upstream | its load generator | bound | relay | its upstream "
+             "| its load generator | bound |", "|---|---|---|---|---|---|---|---|---|"]
+    for n in WORKERS:
+        row = report["summary"][n]
+        cpu, bound = row["cpu_ms_per_stream"], row["bound_streams_per_s"]
+        g, r = cpu["gateway"], cpu["relay"]
+        lines.append(f"| {n} | {g['gateway']:.2f} | {g['upstream']:.2f} | {g['loadgen']:.2f} | "
+                     f"{bound['gateway']:.0f}/s | {r['relay']:.2f} | {r['upstream']:.2f} | {r['loadgen']:.2f} | "
+                     f"{bound['relay']:.0f}/s |")
+    lines += ["", f"With this CPU per stream the machine allows at most {report['scaling_bound']:.2f}x "
+                  "from the second worker."]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,6 +76,20 @@ def test_workers_benchmark_runs_one_and_two_worker_stacks_with_no_errors(tmp_pat
         assert row["errors"] == 0 and row["streams_per_s"] > 0 and row["relay_streams_per_s"] > 0
     assert report["scaling"] > 0 and report["share_of_relay"] > 0
     assert "| 2 |" in workers.markdown(report, "pytest")
+    assert "the machine allows at most" in workers.markdown(report, "pytest")
+    assert report["summary"][2]["cpu_ms_per_stream"]["gateway"]["gateway"] > 0
+
+
+def test_the_machine_bound_is_the_tightest_of_the_cores_and_each_process():
+    """bench.workers' bound: with 2 ms of gateway and 1 ms of other CPU a stream, one worker is held to its own
+    core (500/s), two workers to the two cores all three share (2,000 / 3 ms); a process of 1.5 ms a stream
+    is held to its one core (667/s) however many relay processes there are."""
+    from bench.workers import machine_bound
+
+    cpu = {"gateway": 2.0, "upstream": 0.5, "loadgen": 0.5}
+    assert machine_bound(cpu, "gateway", 1, 2) == pytest.approx(500.0)
+    assert machine_bound(cpu, "gateway", 2, 2) == pytest.approx(2000 / 3)
+    assert machine_bound({"relay": 0.2, "upstream": 0.3, "loadgen": 1.5}, "relay", 2, 2) == pytest.approx(1000 / 1.5)
 
 
 def test_wrk_counts_an_answer_without_its_stream_end_or_with_another_status_as_an_error(tmp_path):
