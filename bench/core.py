@@ -115,7 +115,7 @@ def run(canned: dict[str, Any], seconds: float, ks: tuple[int, ...] = KS, only: 
         translator = ResponsesStream(settings, vocab=vocab, serialized=True)
         size = sum(len(encode_event(e)) for e in translator.start())
         finish = None
-        read = readers[api].stream_reader(options)
+        read = readers[api].stream_reader(options, True)  # (a Responses stream's tokens as the server reads them)
         for data in payloads:
             step = read(data)
             size += sum(len(encode_event(e)) for e in translator.feed(step.tokens, step.text))

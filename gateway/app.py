@@ -630,7 +630,7 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
         # Everything made from one network read goes out in one write. `items` holds what is not
         # written yet, so a failure partway through a read still sends the events before it.
         items: list[dict[str, Any]] = []
-        read, feed, reports = call.stream_reader(options), front.feed_step, exchange.reports
+        read, feed, reports = call.stream_reader(options, front.takes_token_batches), front.feed_step, exchange.reports
         # What parsing repaired reaches the counters at most a second late (and all of it at the end).
         flush_at = read_at = time.monotonic()
         flush_at += _REPORT_FLUSH_SECONDS

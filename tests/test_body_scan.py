@@ -393,9 +393,31 @@ def _chunk_outcome(raw: bytes):
     return step
 
 
+def _check_batched(raw: bytes, completions: bool, fields) -> None:
+    """Asked for a TokenBatch, the reader gives the same chunk with its tokens as one (or [] for a chunk
+    with no logprobs): the batch's tokens() are the list's Tokens. It declines exactly where the list
+    reader does, but for a completions position with no logprob (a batch holds only plain values)."""
+    batched = fastpath.read_chunk(raw, completions, TABLE, FLAGS, True)
+    if fields is None:
+        assert batched is None
+        return
+    if batched is None:
+        assert completions and any(t.logprob is None for t in fields[1])
+        return
+    text, tokens, finish_reason = batched
+    assert (text, finish_reason) == (fields[0], fields[2])
+    if type(tokens) is list:
+        assert tokens == [] == fields[1]
+        return
+    assert type(tokens) is TokenBatch and len(tokens) == len(fields[1])
+    assert _fields(tokens.tokens()) == _fields(fields[1])
+    assert [t.top_absent for t in tokens.tokens()] == [t.top_absent for t in fields[1]]
+
+
 def _check_chunk(raw: bytes) -> bool:
     """The compiled chunk reader declines, or gives what chat_step gives; True when it answered."""
     fields = fastpath.read_chunk(raw, False, TABLE, FLAGS)
+    _check_batched(raw, False, fields)
     if fields is None:
         return False
     step = _chunk_outcome(raw)
@@ -439,13 +461,16 @@ def test_the_server_reads_chunks_through_the_compiled_reader():
     from gateway.upstreams.openai_compatible import chat_chunk_reader
 
     raw = orjson.dumps(_body(_plain_content(2, 3, start=40), text="hi", stream=True))
-    read_chunk = chat_chunk_reader(OPTIONS)
+    read_chunk = chat_chunk_reader(OPTIONS, False)
     assert read_chunk is not None
     step = read_chunk(raw)
     ordinary = chat_step(orjson.loads(raw), OPTIONS, streaming=True)
     assert step is not None and _fields(step.tokens) == _fields(ordinary.tokens)
     assert (step.report.from_ids, step.report.aligned) == (ordinary.report.from_ids, ordinary.report.aligned) == (2, 0)
-    assert chat_chunk_reader(ParseOptions()) is None  # no tokenizer: chat_step reads it
+    assert chat_chunk_reader(ParseOptions(), False) is None  # no tokenizer: chat_step reads it
+    batched = chat_chunk_reader(OPTIONS, True)(raw)
+    assert batched is not None and type(batched.tokens) is TokenBatch
+    assert _fields(batched.tokens.tokens()) == _fields(ordinary.tokens) and batched.report.from_ids == 2
     assert read_chunk(orjson.dumps({"choices": [{"delta": {"tool_calls": []}}]})) is None  # not the common shape
 
 
@@ -475,6 +500,7 @@ def completions_chunks(draw):
 
 def _check_completions_chunk(raw: bytes) -> bool:
     fields = fastpath.read_chunk(raw, True, TABLE, FLAGS)
+    _check_batched(raw, True, fields)
     if fields is None:
         return False
     step = completions_step(orjson.loads(raw), OPTIONS, streaming=True)
@@ -512,4 +538,4 @@ def test_a_broken_completions_chunk_is_never_read(data):
     mutated = _mutated(data, raw)
     if fastpath.read_chunk(mutated, True, TABLE, FLAGS) is not None:
         orjson.loads(mutated)  # raises if the reader took a body orjson refuses
-        _check_completions_chunk(mutated)
+    _check_completions_chunk(mutated)

@@ -1,6 +1,7 @@
 """The server's translator mode (logprobs kept as JSON written once; no delta events when not streaming)
 gives byte for byte what the plain mode gives, streamed and whole, for awkward tokens too."""
 
+import codecs
 import itertools
 
 import orjson
@@ -8,11 +9,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.logprobs.body_scan import load_chat_body
+from gateway.logprobs.compiled import fastpath
+from gateway.logprobs.parse import ParseOptions
 from gateway.logprobs.tokens import Candidate, Token
 from gateway.sse import encode_event
 from gateway.translate.grouping import TextGrouper, TextMismatch
 from gateway.translate.response_object import ResponseSettings
 from gateway.translate.stream import ResponsesStream
+from gateway.upstreams.base import UpstreamCall
+from gateway.upstreams.openai_compatible import (
+    chat_chunk_reader,
+    chat_step,
+    completions_chunk_reader,
+    completions_step,
+)
+from tests.test_fastpath import FLAGS, TABLE, VOCAB
 
 CRAB = "🦀".encode()
 
@@ -133,3 +145,88 @@ def test_a_streams_one_token_steps_group_as_one_step_of_the_same_tokens(step, fi
     tokens, upstream = step
     assert (_groups_of_steps([[token] for token in tokens], upstream, finish_reason)
             == _groups_of_steps([tokens], upstream, finish_reason))
+
+
+# --- a stream chunk's tokens as a TokenBatch (how the server reads vLLM's `token_id:N` chunks) -------------
+
+def _id_pools():
+    ids = range(len(TABLE))
+    return ([i for i in ids if not FLAGS[i] and TABLE[i].isascii()], [i for i in ids if not FLAGS[i]],
+            [i for i in ids if FLAGS[i]])
+
+
+ASCII_IDS, VISIBLE_IDS, SPECIAL_IDS = _id_pools()
+
+
+@st.composite
+def id_streams(draw, completions=False):
+    """A stream's chunks as vLLM writes them: token ids (mostly ASCII words; pieces of characters, bytes no
+    character completes, control tokens too), one or a few a chunk, k alternatives each, and the text each
+    chunk completes (an incremental decode: a character cut between chunks comes with its last piece)."""
+    pick = st.one_of(st.sampled_from(ASCII_IDS), st.sampled_from(ASCII_IDS), st.sampled_from(VISIBLE_IDS),
+                     st.sampled_from(SPECIAL_IDS))
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    chunks = []
+    for index in range(draw(st.integers(1, 12))):
+        ids = draw(st.lists(pick, min_size=1, max_size=3)) if index or draw(st.booleans()) else []
+        text = decoder.decode(b"".join(TABLE[i] for i in ids if i not in SPECIAL_IDS))
+        content = [{"token": f"token_id:{i}", "logprob": -0.25 - n / 8, "bytes": list(TABLE[i]),
+                    "top_logprobs": [{"token": f"token_id:{(i + j) % len(TABLE)}", "logprob": -0.5 - j / 4,
+                                      "bytes": []} for j in range(draw(st.integers(0, 3)))]}
+                   for n, i in enumerate(ids)]
+        chunks.append([text, content])
+    chunks[-1][0] += decoder.decode(b"", final=True)  # dangling bytes: U+FFFD with the last chunk
+    finish_reason = draw(st.sampled_from(["stop", "length"]))
+    if completions:  # the same tokens as legacy completions logprobs
+        return [orjson.dumps({"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m", "choices": [
+            {"index": 0, "text": text, "logprobs": {
+                "text_offset": [0] * len(content), "token_logprobs": [entry["logprob"] for entry in content],
+                "tokens": [entry["token"] for entry in content],
+                "top_logprobs": [{top["token"]: top["logprob"] for top in entry["top_logprobs"]} for entry in content]},
+             "finish_reason": finish_reason if n == len(chunks) - 1 else None}]})
+            for n, (text, content) in enumerate(chunks)]
+    return [orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                          "choices": [{"index": 0, "delta": {"content": text}, "logprobs": {"content": content},
+                                       "finish_reason": finish_reason if n == len(chunks) - 1 else None}]})
+            for n, (text, content) in enumerate(chunks)]
+
+
+def _served_frames(chunks, k, batches, completions=False):
+    """The frames a Responses stream writes for `chunks`, each read as the server reads it (`batches`: its
+    tokens a TokenBatch where the compiled reader takes it), and the types the tokens came as."""
+    call = (UpstreamCall("/v1/completions", {}, completions_step, read_chunk=completions_chunk_reader) if completions
+            else UpstreamCall("/v1/chat/completions", {}, chat_step, load_chat_body, chat_chunk_reader))
+    read = call.stream_reader(ParseOptions(vocab=VOCAB), batches)
+    stream = ResponsesStream(ResponseSettings(model="m", top_logprobs=k, include_logprobs=True), vocab=VOCAB,
+                             response_id="resp_1", created_at=1, serialized=True)
+    stream.message_id = "msg_1"
+    kinds = set()
+    try:
+        events, finish = stream.start(), None
+        for raw in chunks:
+            step = read(raw)
+            kinds.add(type(step.tokens).__name__)
+            events += stream.feed(step.tokens, step.text)
+            finish = step.finish_reason or finish
+        events += stream.finish(finish, None)
+    except (TextMismatch, ValueError) as exc:
+        return ("raised", type(exc).__name__, str(exc)), kinds
+    for event in events:
+        (event.get("response") or {}).pop("completed_at", None)  # a clock reading
+    return [encode_event(event) for event in events], kinds
+
+
+@given(st.data(), st.sampled_from([0, 1, 5]), st.booleans())
+@settings(max_examples=300)
+def test_a_stream_read_as_token_batches_writes_the_frames_of_one_read_as_tokens(data, k, completions):
+    """The server reads a Responses stream's chunks into TokenBatches (no Token built; the grouper passes
+    a one-token batch on whole and the message keeps it as ids): every frame, the closing ones with the
+    message's whole logprob list included, is byte for byte what reading the same chunks as Tokens gives."""
+    chunks = data.draw(id_streams(completions))
+    as_tokens, kinds = _served_frames(chunks, k, False, completions)
+    as_batches, batch_kinds = _served_frames(chunks, k, True, completions)
+    assert as_batches == as_tokens
+    assert kinds == {"list"}
+    if fastpath is not None:
+        assert batch_kinds == {"TokenBatch"} | ({"list"} if len(batch_kinds) > 1 else set())
+        assert "TokenBatch" in batch_kinds

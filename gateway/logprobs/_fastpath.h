@@ -174,6 +174,7 @@ PyObject *fp_split_body(PyObject *module, PyObject *const *args, Py_ssize_t narg
 
 /* _fastpath_body.c: the TokenBatch a whole body's tokens are read into (-1: an error is set). */
 PyObject *fp_batch_new(PyObject *table);
+PyObject *fp_batch_new_small(PyObject *table); /* for a stream chunk's few tokens: small first arrays */
 int fp_batch_alternative(PyObject *batch, Py_ssize_t id, double logprob);
 int fp_batch_token(PyObject *batch, Py_ssize_t id, double logprob, int special, int top_absent,
                    Py_ssize_t alternatives_end); /* alternatives_end -1: the alternatives added so far */

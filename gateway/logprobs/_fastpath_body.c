@@ -29,6 +29,7 @@ typedef struct {
     Py_ssize_t alternative_count, alternative_capacity;
     int32_t *alternative_ids;
     double *alternative_logprobs;
+    Py_ssize_t first_capacity, first_alternative_capacity; /* what the arrays first grow to */
 } TokenBatch;
 
 enum { TOKEN_SPECIAL = 1, TOKEN_TOP_ABSENT = 2 };
@@ -48,6 +49,19 @@ fp_batch_new(PyObject *table)
     batch->logprobs = batch->alternative_logprobs = NULL;
     batch->flags = NULL;
     batch->alternatives_end = NULL;
+    batch->first_capacity = 128;
+    batch->first_alternative_capacity = 512;
+    return (PyObject *)batch;
+}
+
+PyObject *
+fp_batch_new_small(PyObject *table)
+{
+    TokenBatch *batch = (TokenBatch *)fp_batch_new(table);
+    if (batch != NULL) {
+        batch->first_capacity = 4; /* a stream chunk: nearly always one token and its alternatives */
+        batch->first_alternative_capacity = 32;
+    }
     return (PyObject *)batch;
 }
 
@@ -82,7 +96,8 @@ fp_batch_alternative(PyObject *object, Py_ssize_t id, double logprob)
 {
     TokenBatch *batch = (TokenBatch *)object;
     if (batch->alternative_count == batch->alternative_capacity) {
-        Py_ssize_t wanted = batch->alternative_capacity ? 2 * batch->alternative_capacity : 512;
+        Py_ssize_t wanted = batch->alternative_capacity ? 2 * batch->alternative_capacity
+                                                        : batch->first_alternative_capacity;
         if (grow((void **)&batch->alternative_ids, wanted, sizeof(int32_t)) < 0
             || grow((void **)&batch->alternative_logprobs, wanted, sizeof(double)) < 0) {
             return -1;
@@ -100,7 +115,7 @@ fp_batch_token(PyObject *object, Py_ssize_t id, double logprob, int special, int
 {
     TokenBatch *batch = (TokenBatch *)object;
     if (batch->count == batch->capacity) {
-        Py_ssize_t wanted = batch->capacity ? 2 * batch->capacity : 128;
+        Py_ssize_t wanted = batch->capacity ? 2 * batch->capacity : batch->first_capacity;
         if (grow((void **)&batch->ids, wanted, sizeof(int32_t)) < 0
             || grow((void **)&batch->logprobs, wanted, sizeof(double)) < 0
             || grow((void **)&batch->flags, wanted, 1) < 0
@@ -592,6 +607,55 @@ failed: /* out of memory partway: the batch is left as it was */
     return NULL;
 }
 
+/* extend(other: TokenBatch) -> bool: every token of `other` appended (True), or none (False) when it has a
+ * special token or another table (the caller then appends its tokens() another way). A stream chunk read
+ * as a batch joins its message's this way: ids and logprobs copied, no Token built. */
+static PyObject *
+batch_extend(TokenBatch *batch, PyObject *object)
+{
+    if (Py_TYPE(object) != &TokenBatchType) {
+        PyErr_SetString(PyExc_TypeError, "extend(other: TokenBatch)");
+        return NULL;
+    }
+    TokenBatch *other = (TokenBatch *)object;
+    if (other->table != batch->table) {
+        Py_RETURN_FALSE;
+    }
+    for (Py_ssize_t i = 0; i < other->count; i++) {
+        if (other->flags[i] & TOKEN_SPECIAL) {
+            Py_RETURN_FALSE; /* append() refuses them too: the message keeps only text's tokens */
+        }
+    }
+    Py_ssize_t tokens_before = batch->count, alternatives_before = batch->alternative_count;
+    for (Py_ssize_t i = 0; i < other->count; i++) {
+        for (Py_ssize_t j = alternatives_start(other, i); j < other->alternatives_end[i]; j++) {
+            if (fp_batch_alternative((PyObject *)batch, other->alternative_ids[j], other->alternative_logprobs[j]) < 0) {
+                goto failed;
+            }
+        }
+        if (fp_batch_token((PyObject *)batch, other->ids[i], other->logprobs[i], 0,
+                           (other->flags[i] & TOKEN_TOP_ABSENT) != 0, -1) < 0) {
+            goto failed;
+        }
+    }
+    Py_RETURN_TRUE;
+failed: /* out of memory partway: the batch is left as it was */
+    batch->count = tokens_before;
+    batch->alternative_count = alternatives_before;
+    return NULL;
+}
+
+/* sole_visible_bytes() -> bytes | None: the bytes of the one token the batch holds when it holds exactly
+ * one and that one is not special (the usual stream chunk, which the grouper passes on whole); else None. */
+static PyObject *
+batch_sole_visible_bytes(TokenBatch *batch, PyObject *unused)
+{
+    if (batch->count != 1 || batch->flags[0] & TOKEN_SPECIAL) {
+        Py_RETURN_NONE;
+    }
+    return Py_NewRef(bytes_of(batch, batch->ids[0]));
+}
+
 PyObject *
 fp_token_batch(PyObject *module, PyObject *table)
 {
@@ -638,6 +702,10 @@ static PyMethodDef batch_methods[] = {
      "the store's columns (see store.codec)."},
     {"append", (PyCFunction)batch_append, METH_O,
      "append(tokens) -> bool: all appended, or none when one is not the plain id shape."},
+    {"extend", (PyCFunction)batch_extend, METH_O,
+     "extend(other) -> bool: all of another batch's tokens appended, or none (a special token, another table)."},
+    {"sole_visible_bytes", (PyCFunction)batch_sole_visible_bytes, METH_NOARGS,
+     "sole_visible_bytes() -> bytes | None: its one token's bytes when it holds exactly one, not special."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -10,9 +10,10 @@
  *   - `batch` (a TokenBatch, _fastpath_body.c) holds exactly the Tokens chat_from_ids (completions_from_ids)
  *     makes of that value read by orjson;
  *   - orjson accepts `body` if and only if it accepts `raw`.
- * fp_read_chunk(raw, completions, table, flags) (a chat or completions stream chunk, no orjson at all):
- * None, or (text, tokens, finish_reason), what chat_step (completions_step) makes of orjson.loads(raw),
- * for the common chunk shape only.
+ * fp_read_chunk(raw, completions, table, flags[, batched]) (a chat or completions stream chunk, no orjson at
+ * all): None, or (text, tokens, finish_reason), what chat_step (completions_step) makes of orjson.loads(raw),
+ * for the common chunk shape only; `batched`: a chunk with logprobs gives its tokens as a TokenBatch whose
+ * tokens() are that list (no Token or Candidate built; a stream's message keeps and renders them as ids).
  *
  * What is read is parsed strictly: names and token strings plain ASCII, short numbers, every other
  * value validated as orjson would (check_value); anything outside that is declined, never guessed.
@@ -1019,6 +1020,7 @@ typedef struct {
     int completions; /* a legacy completions chunk (`text`, array logprobs) rather than a chat one */
     PyObject *text, *tokens, *finish_reason; /* owned; NULL until read */
     int seen;
+    int batched; /* the tokens as a TokenBatch (_fastpath_body.c), not a list of Tokens */
 } Chunk;
 
 enum { SEEN_CHOICES = 1, SEEN_DELTA = 2, SEEN_CONTENT = 4, SEEN_LOGPROBS = 8, SEEN_FINISH = 16, SEEN_TOOL_CALLS = 32,
@@ -1175,6 +1177,26 @@ delta_member(Reader *r, const char *name, Py_ssize_t length, void *state)
     return check_value(r, 2);
 }
 
+/* The chunk's logprobs value into a new small TokenBatch, chunk->tokens: 1; 0 declined, -1 on an error. The same
+ * records the list readers accept, appended instead of built (the batch's tokens() are the list's Tokens). */
+static int
+batched_logprobs(Reader *r, Chunk *chunk)
+{
+    PyObject *batch = fp_batch_new_small(chunk->table);
+    if (batch == NULL) {
+        return -1;
+    }
+    PyObject *read = chunk->completions ? completions_logprobs(r, chunk->table, chunk->special_flags, batch)
+                                        : strict_logprobs(r, chunk->table, chunk->special_flags, batch);
+    if (read == NULL) {
+        Py_DECREF(batch);
+        return failed();
+    }
+    Py_DECREF(read); /* the batch itself (completions) or a list of None, one per record (chat) */
+    chunk->tokens = batch;
+    return 1;
+}
+
 static int
 choice_member(Reader *r, const char *name, Py_ssize_t length, void *state)
 {
@@ -1201,6 +1223,9 @@ choice_member(Reader *r, const char *name, Py_ssize_t length, void *state)
         }
         if (strict_literal(r, "null")) {
             return 1;
+        }
+        if (chunk->batched) {
+            return batched_logprobs(r, chunk);
         }
         chunk->tokens = chunk->completions ? completions_logprobs(r, chunk->table, chunk->special_flags, NULL)
                                            : strict_logprobs(r, chunk->table, chunk->special_flags, NULL);
@@ -1253,8 +1278,9 @@ chunk_member(Reader *r, const char *name, Py_ssize_t length, void *state)
 PyObject *
 fp_read_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 || !PyBytes_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "read_chunk(raw: bytes, completions: bool, table, special_flags)");
+    if ((nargs != 4 && nargs != 5) || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "read_chunk(raw: bytes, completions: bool, table, special_flags, batched: bool = False)");
         return NULL;
     }
     if (fp_check_ready(args[2], args[3]) < 0) {
@@ -1262,7 +1288,8 @@ fp_read_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     const char *base = PyBytes_AS_STRING(args[0]);
     Reader reader = {base, base + PyBytes_GET_SIZE(args[0])};
-    Chunk chunk = {args[2], PyBytes_AS_STRING(args[3]), PyObject_IsTrue(args[1]), NULL, NULL, NULL, 0};
+    Chunk chunk = {args[2], PyBytes_AS_STRING(args[3]), PyObject_IsTrue(args[1]), NULL, NULL, NULL, 0,
+                   nargs == 5 && PyObject_IsTrue(args[4])};
     PyObject *result = NULL;
     int read = each_member(&reader, chunk_member, &chunk);
     skip_space(&reader);

@@ -77,6 +77,8 @@ class PackedTokens:
                 self._ids = _token_batch(self._table)
             if type(tokens) is list and self._ids.append(tokens):
                 return
+            if type(tokens) is TokenBatch and self._ids.extend(tokens):
+                return
             # Not all of the table's: every token from here on goes to the arrays, the ids' first.
             self._table = None
             tokens = [*self._ids.tokens(), *tokens]

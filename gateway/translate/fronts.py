@@ -21,6 +21,9 @@ from gateway.translate.stream import ResponsesStream
 
 
 class FrontTranslator(Protocol):
+    # feed_step takes a Step whose tokens are a TokenBatch (a stream chunk's, kept as ids).
+    takes_token_batches: bool
+
     def start(self) -> list[dict[str, Any]]: ...
     def echo(self, text: str, tokens: list[Token]) -> list[dict[str, Any]]: ...
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]: ...
@@ -48,6 +51,7 @@ class _Front:
     """Delegates to the format's streaming translator; subclasses adapt what differs."""
 
     stream: Any
+    takes_token_batches = False
 
     def start(self) -> list[dict[str, Any]]:
         return self.stream.start()
@@ -74,6 +78,8 @@ class ResponsesFront(_Front):
                  deltas: bool = True) -> None:
         # The server passes serialized=True (it only serializes) and deltas=False when not streaming.
         self.stream = ResponsesStream(settings, vocab=vocab, serialized=serialized, deltas=deltas)
+        # A stream's message keeps its tokens as ids and writes each delta's JSON from them (see stream.py).
+        self.takes_token_batches = serialized and deltas
 
     def feed_step(self, step: Step) -> list[dict[str, Any]]:
         """Reasoning, then message text, then tool calls: the order a model writes them in."""

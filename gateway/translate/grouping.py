@@ -17,7 +17,8 @@ from gateway.logprobs.realign import realign
 from gateway.logprobs.tokens import Origin, Token
 from gateway.logprobs.vocab import Vocab
 
-Group = tuple[str, list[Token]]
+# A group's tokens: a list, or the step's own TokenBatch when the grouper passes a one-token chunk on whole.
+Group = tuple[str, "list[Token] | TokenBatch"]
 
 
 class TextMismatch(ValueError):
@@ -66,6 +67,18 @@ def _clean_cut(pending: list[Token], data: bytes | bytearray, text: str, used: i
     return None
 
 
+def _sole_visible_bytes(tokens: Iterable[Token]) -> bytes | None:
+    """The bytes of a step's one token when it has exactly one and its bytes are known and spell text
+    (not special, not a lossy guess): the usual stream step; None for any other step."""
+    if type(tokens) is TokenBatch:
+        return tokens.sole_visible_bytes()  # type: ignore[attr-defined]  # (ids: never a lossy guess)
+    if type(tokens) is list and len(tokens) == 1:
+        token = tokens[0]
+        if token.origin is not _AMBIGUOUS and not token.special:
+            return token.bytes
+    return None
+
+
 class TextGrouper:
     def __init__(self, vocab: Vocab | None = None) -> None:
         self._vocab = vocab
@@ -82,17 +95,17 @@ class TextGrouper:
         self._emitted_chars = 0
 
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[Group]:
-        """One upstream step: its tokens (exact bytes where known) and the text it reported."""
+        """One upstream step: its tokens (exact bytes where known) and the text it reported. A TokenBatch
+        of one visible ASCII token is passed on as the group's tokens; any other is read as its Tokens."""
         self._count_upstream(upstream_text)
-        if type(tokens) is not list:
-            tokens = list(tokens)
-        elif len(tokens) == 1 and self._first_token_seen and not self._pending and not self._text_led:
+        if self._first_token_seen and not self._pending and not self._text_led:
             # The usual step of a stream (one visible ASCII token, nothing waiting): its own group, directly.
-            token = tokens[0]
-            data = token.bytes
-            if token.origin is not _AMBIGUOUS and not token.special and data.isascii():
+            data = _sole_visible_bytes(tokens)
+            if data is not None and data.isascii():
                 self._emitted_chars += len(data)
-                return [(data.decode(), [token])]
+                return [(data.decode(), tokens if type(tokens) is TokenBatch else [tokens[0]])]  # type: ignore[index]
+        if type(tokens) is not list:
+            tokens = tokens.tokens() if type(tokens) is TokenBatch else list(tokens)  # type: ignore[attr-defined]
         if len(tokens) == 1:
             lossy = tokens[0].origin is _AMBIGUOUS
         else:

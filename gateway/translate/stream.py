@@ -44,6 +44,7 @@ from gateway.translate.response_object import (
 from gateway.translate.tools import InputStream
 
 _MESSAGE = "message"
+_TOKEN_SEQUENCES = (list, TokenBatch)  # what a group's tokens are (see grouping.Group)
 _TEXT_PIECES = 64  # the message's text is joined whenever this many pieces wait
 
 
@@ -111,8 +112,16 @@ class _MessageLogprobs:
         self._joined: orjson.Fragment | None = None
         self._joined_from: TokenBatch | None = None  # the batch `_joined` was rendered from, if one was
 
-    def delta(self, tokens: list[Token]) -> Logprobs:
-        """The entries of one delta event; its tokens are also kept for the message."""
+    def delta(self, tokens: list[Token] | TokenBatch) -> Logprobs:
+        """The entries of one delta event; its tokens are also kept for the message. A TokenBatch (a stream
+        chunk the grouper passed on whole: no special token) stays ids from its read to its JSON."""
+        if type(tokens) is TokenBatch:
+            if not self.serialized:
+                tokens = tokens.tokens()
+            else:
+                self._packed.extend(tokens)
+                self._joined = self._joined_from = None
+                return orjson.Fragment(tokens.render_json(self.k, orjson.dumps))
         if not self.serialized:
             entries = render_responses(tokens, self.k)
             self._dicts.extend(entries)
@@ -302,7 +311,7 @@ class ResponsesStream:
                 self._logprobs.keep(tokens)
             return None
         if self.settings.include_logprobs:
-            entries = self._logprobs.delta(tokens if type(tokens) is list else list(tokens))
+            entries = self._logprobs.delta(tokens if type(tokens) in _TOKEN_SEQUENCES else list(tokens))
         else:
             entries = []
         # Built in place (one event per character of output): the same dict `_event` would build.

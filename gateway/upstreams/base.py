@@ -15,7 +15,7 @@ from gateway.logprobs.parse import ParseOptions
 StepParser = Callable[[Mapping[str, Any], ParseOptions, bool], Step]
 BodyLoader = Callable[[bytes, ParseOptions], Any]
 ChunkReader = Callable[[bytes], "Step | None"]
-ChunkReaderFor = Callable[[ParseOptions], "ChunkReader | None"]
+ChunkReaderFor = Callable[[ParseOptions, bool], "ChunkReader | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,10 +24,11 @@ class UpstreamCall:
 
     `load(raw, options)` reads one JSON body or stream event's bytes (orjson, unless the dialect has
     a faster reader); `parse(payload, options, streaming)` turns what it gives into a Step.
-    `read_chunk(options)`, where a dialect has one, gives a reader (None: none for these options) of a
-    stream event's bytes that reads its common shape straight to the Step `parse` would make (None: not
-    that shape). Made once per stream (`stream_reader`): the tokenizer's tables are looked up then, not
-    at every event.
+    `read_chunk(options, batches)`, where a dialect has one, gives a reader (None: none for these options) of
+    a stream event's bytes that reads its common shape straight to the Step `parse` would make (None: not
+    that shape); with `batches` its tokens may come as a `TokenBatch` (the same Tokens, kept as ids) for a
+    translator that takes one. Made once per stream (`stream_reader`): the tokenizer's tables are looked up
+    then, not at every event.
     `streamed_whole`: the body asks for a stream although the client's answer is whole; the shell reads
     it to its end and `parse` gets the list of its events, each loaded (llama.cpp: see llamacpp.py).
     """
@@ -45,15 +46,15 @@ class UpstreamCall:
             return self.stream_reader(options)(raw)
         return self.parse(self.load(raw, options), options, streaming=False)
 
-    def stream_reader(self, options: ParseOptions) -> Callable[[bytes], Step]:
+    def stream_reader(self, options: ParseOptions, batches: bool = False) -> Callable[[bytes], Step]:
         """`read(raw, options, True)` as one function of the event's bytes, for a stream's loop (it runs
-        once per token)."""
+        once per token). `batches`: the caller takes a Step whose tokens are a `TokenBatch`."""
         parse, load = self.parse, self.load
 
         def read_any(raw: bytes) -> Step:
             return parse(load(raw, options), options, streaming=True)
 
-        read_common = self.read_chunk(options) if self.read_chunk is not None else None
+        read_common = self.read_chunk(options, batches) if self.read_chunk is not None else None
         if read_common is None:
             return read_any
 

@@ -136,10 +136,11 @@ def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool
     return step
 
 
-def _chunk_reader(options: ParseOptions, completions: bool) -> ChunkReader | None:
+def _chunk_reader(options: ParseOptions, batches: bool, completions: bool) -> ChunkReader | None:
     """A reader of stream chunks of the common shape (text and `token_id:N` logprobs, nothing else): the
     compiled reader (`_fastpath_json.c`) straight to the Step `chat_step` (or `completions_step`) makes
-    of one; None for any other chunk. None without the compiled twin or a tokenizer."""
+    of one, its tokens a `TokenBatch` with `batches`; None for any other chunk. None without the compiled
+    twin or a tokenizer."""
     if fastpath is None or options.vocab is None:
         return None
     table, flags = id_table(options.vocab)
@@ -148,7 +149,7 @@ def _chunk_reader(options: ParseOptions, completions: bool) -> ChunkReader | Non
     def read(raw: bytes) -> Step | None:
         if type(raw) is not bytes:
             return None
-        fields = read_fields(raw, completions, table, flags)
+        fields = read_fields(raw, completions, table, flags, batches)
         if fields is None:
             return None
         text, tokens, finish_reason = fields
@@ -383,8 +384,8 @@ def _capped_chat_step(body: Mapping[str, Any], options: ParseOptions, *, streami
     return _trim_forced(chat_step(body, options, streaming=streaming))
 
 
-def _capped_chat_chunk_reader(options: ParseOptions) -> ChunkReader | None:
-    read_chunk = chat_chunk_reader(options)
+def _capped_chat_chunk_reader(options: ParseOptions, batches: bool) -> ChunkReader | None:
+    read_chunk = chat_chunk_reader(options, False)  # _trim_forced rewrites Tokens: a list of them
     if read_chunk is None:
         return None
 
