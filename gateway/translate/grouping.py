@@ -96,14 +96,18 @@ class TextGrouper:
 
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[Group]:
         """One upstream step: its tokens (exact bytes where known) and the text it reported. A TokenBatch
-        of one visible ASCII token is passed on as the group's tokens; any other is read as its Tokens."""
+        of one visible token that ends a character is passed on as the group's tokens; any other is read as
+        its Tokens."""
         self._count_upstream(upstream_text)
         if self._first_token_seen and not self._pending and not self._text_led:
-            # The usual step of a stream (one visible ASCII token, nothing waiting): its own group, directly.
+            # The usual step of a stream (one visible token ending where a character ends, nothing waiting):
+            # its own group, directly; the loop below would decode it the same way.
             data = _sole_visible_bytes(tokens)
-            if data is not None and data.isascii():
-                self._emitted_chars += len(data)
-                return [(data.decode(), tokens if type(tokens) is TokenBatch else [tokens[0]])]  # type: ignore[index]
+            if data is not None:
+                text, used = _utf_8_decode(data, "replace", False)
+                if used == len(data):
+                    self._emitted_chars += len(text)
+                    return [(text, tokens if type(tokens) is TokenBatch else [tokens[0]])]  # type: ignore[index]
         if type(tokens) is not list:
             tokens = tokens.tokens() if type(tokens) is TokenBatch else list(tokens)  # type: ignore[attr-defined]
         if len(tokens) == 1:
