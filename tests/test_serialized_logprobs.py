@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from gateway.logprobs.body_scan import load_chat_body
 from gateway.logprobs.compiled import fastpath
-from gateway.logprobs.parse import ParseOptions
+from gateway.logprobs.parse import ParseOptions, id_table
 from gateway.logprobs.tokens import Candidate, Token
+from gateway.logprobs.vocab import _TableVocab
 from gateway.sse import encode_event
 from gateway.translate.grouping import TextGrouper, TextMismatch
 from gateway.translate.response_object import ResponseSettings
@@ -24,7 +25,7 @@ from gateway.upstreams.openai_compatible import (
     completions_chunk_reader,
     completions_step,
 )
-from tests.test_fastpath import FLAGS, TABLE, VOCAB
+from tests.test_fastpath import VOCAB
 
 CRAB = "🦀".encode()
 
@@ -149,13 +150,37 @@ def test_a_streams_one_token_steps_group_as_one_step_of_the_same_tokens(step, fi
 
 # --- a stream chunk's tokens as a TokenBatch (how the server reads vLLM's `token_id:N` chunks) -------------
 
+class _PiecesVocab(_TableVocab):
+    """The demo vocabulary, then pieces of characters as a byte-level BPE has them (Qwen2 streams ' 👋' as
+    b' \xf0\x9f' then b'\x91\x8b'), some with bytes no token can mend."""
+
+    PIECES = (b" \xf0\x9f", b"\x91\x8b", b"\xf0\x9f\xa6", b" \xe6", b"\xa0\xb9", b"\xff\xe6", b"\xe6\xa0", b"\xb9 a")
+
+    def __init__(self) -> None:
+        self.name = "demo+pieces"
+        self._set_tables([VOCAB.token_bytes(i) for i in range(len(VOCAB))] + list(self.PIECES),
+                         [i for i in range(len(VOCAB)) if VOCAB.is_special(i)])
+
+    def id_for_piece(self, piece):
+        return None
+
+
+PIECES_VOCAB = _PiecesVocab()
+PIECES_TABLE, PIECES_FLAGS = id_table(PIECES_VOCAB)
+
+
 def _id_pools():
-    ids = range(len(TABLE))
-    return ([i for i in ids if not FLAGS[i] and TABLE[i].isascii()], [i for i in ids if not FLAGS[i]],
-            [i for i in ids if FLAGS[i]])
+    ids = range(len(PIECES_TABLE))
+    return ([i for i in ids if not PIECES_FLAGS[i] and PIECES_TABLE[i].isascii()],
+            [i for i in ids if not PIECES_FLAGS[i]], [i for i in ids if PIECES_FLAGS[i]])
 
 
 ASCII_IDS, VISIBLE_IDS, SPECIAL_IDS = _id_pools()
+# Tokens as vLLM streams a character its tokenizer splits (one token, one chunk each), and broken ones:
+# single bytes (the demo vocabulary has all 256) and the pieces.
+BYTE_IDS = {PIECES_TABLE[i]: i for i in VISIBLE_IDS if len(PIECES_TABLE[i]) == 1}
+PIECE_IDS = [BYTE_IDS[bytes([b])] for b in [*"\U0001f980\u6839\u00e9a".encode(), 0xFF, 0xED, 0xA0, 0xE6, 0xE6]]
+PIECE_IDS += [len(VOCAB) + i for i in range(len(_PiecesVocab.PIECES))]
 
 
 @st.composite
@@ -166,12 +191,17 @@ def id_streams(draw, completions=False):
     pick = st.one_of(st.sampled_from(ASCII_IDS), st.sampled_from(ASCII_IDS), st.sampled_from(VISIBLE_IDS),
                      st.sampled_from(SPECIAL_IDS))
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    steps = []
+    for index in range(draw(st.integers(1, 10))):
+        if index and draw(st.booleans()):  # a run of one-byte tokens, one a chunk
+            steps += [[i] for i in draw(st.lists(st.sampled_from(PIECE_IDS), max_size=6))]
+        else:
+            steps.append(draw(st.lists(pick, min_size=1, max_size=3)) if index or draw(st.booleans()) else [])
     chunks = []
-    for index in range(draw(st.integers(1, 12))):
-        ids = draw(st.lists(pick, min_size=1, max_size=3)) if index or draw(st.booleans()) else []
-        text = decoder.decode(b"".join(TABLE[i] for i in ids if i not in SPECIAL_IDS))
-        content = [{"token": f"token_id:{i}", "logprob": -0.25 - n / 8, "bytes": list(TABLE[i]),
-                    "top_logprobs": [{"token": f"token_id:{(i + j) % len(TABLE)}", "logprob": -0.5 - j / 4,
+    for ids in steps:
+        text = decoder.decode(b"".join(PIECES_TABLE[i] for i in ids if i not in SPECIAL_IDS))
+        content = [{"token": f"token_id:{i}", "logprob": -0.25 - n / 8, "bytes": list(PIECES_TABLE[i]),
+                    "top_logprobs": [{"token": f"token_id:{(i + j) % len(PIECES_TABLE)}", "logprob": -0.5 - j / 4,
                                       "bytes": []} for j in range(draw(st.integers(0, 3)))]}
                    for n, i in enumerate(ids)]
         chunks.append([text, content])
@@ -196,8 +226,8 @@ def _served_frames(chunks, k, batches, completions=False):
     tokens a TokenBatch where the compiled reader takes it), and the types the tokens came as."""
     call = (UpstreamCall("/v1/completions", {}, completions_step, read_chunk=completions_chunk_reader) if completions
             else UpstreamCall("/v1/chat/completions", {}, chat_step, load_chat_body, chat_chunk_reader))
-    read = call.stream_reader(ParseOptions(vocab=VOCAB), batches)
-    stream = ResponsesStream(ResponseSettings(model="m", top_logprobs=k, include_logprobs=True), vocab=VOCAB,
+    read = call.stream_reader(ParseOptions(vocab=PIECES_VOCAB), batches)
+    stream = ResponsesStream(ResponseSettings(model="m", top_logprobs=k, include_logprobs=True), vocab=PIECES_VOCAB,
                              response_id="resp_1", created_at=1, serialized=True)
     stream.message_id = "msg_1"
     kinds = set()

@@ -53,12 +53,13 @@ def _final_prefix(data: bytes | bytearray) -> tuple[str, int]:
     return data.decode("utf-8", errors="replace"), len(data)
 
 
-def _clean_cut(pending: list[Token], data: bytes | bytearray, text: str, used: int) -> tuple[int, int, str] | None:
-    """(tokens, bytes, text) of the longest run of `pending` whose bytes end where one of `text`'s
-    characters (or U+FFFD) ends, within the final prefix `data[:used]`; None if no token ends there."""
+def _clean_cut(sizes: list[int], data: bytes | bytearray, text: str, used: int) -> tuple[int, int, str] | None:
+    """(tokens, bytes, text) of the longest run of the pending tokens (`sizes`: each one's byte count) whose
+    bytes end where one of `text`'s characters (or U+FFFD) ends, within the final prefix `data[:used]`;
+    None if no token ends there."""
     boundary = len(data)
-    for count in range(len(pending) - 1, 0, -1):
-        boundary -= len(pending[count].bytes)
+    for count in range(len(sizes) - 1, 0, -1):
+        boundary -= sizes[count]
         if boundary > used:
             continue
         head = data[:boundary].decode("utf-8", errors="replace")
@@ -67,22 +68,13 @@ def _clean_cut(pending: list[Token], data: bytes | bytearray, text: str, used: i
     return None
 
 
-def _sole_visible_bytes(tokens: Iterable[Token]) -> bytes | None:
-    """The bytes of a step's one token when it has exactly one and its bytes are known and spell text
-    (not special, not a lossy guess): the usual stream step; None for any other step."""
-    if type(tokens) is TokenBatch:
-        return tokens.sole_visible_bytes()  # type: ignore[attr-defined]  # (ids: never a lossy guess)
-    if type(tokens) is list and len(tokens) == 1:
-        token = tokens[0]
-        if token.origin is not _AMBIGUOUS and not token.special:
-            return token.bytes
-    return None
-
-
 class TextGrouper:
     def __init__(self, vocab: Vocab | None = None) -> None:
         self._vocab = vocab
         self._pending: list[Token] = []
+        # Or the tokens waiting, when each came as a one-token TokenBatch: joined in one batch, no Token made.
+        self._pending_batch: TokenBatch | None = None
+        self._pending_sizes: list[int] = []  # ... and each one's byte count
         self._pending_bytes = bytearray()
         # The upstream's text so far is only ever measured and its first character looked at:
         # keep those, not a string copied again at every step.
@@ -96,20 +88,27 @@ class TextGrouper:
 
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[Group]:
         """One upstream step: its tokens (exact bytes where known) and the text it reported. A TokenBatch
-        of one visible token that ends a character is passed on as the group's tokens; any other is read as
-        its Tokens."""
+        of one visible token is grouped as a batch (`_feed_batch`); any other is read as its Tokens."""
         self._count_upstream(upstream_text)
-        if self._first_token_seen and not self._pending and not self._text_led:
+        if type(tokens) is TokenBatch:
+            if self._first_token_seen and not self._text_led:
+                groups = self._feed_batch(tokens)
+                if groups is not None:
+                    return groups
+            tokens = tokens.tokens()  # type: ignore[attr-defined]
+        elif type(tokens) is not list:
+            tokens = list(tokens)
+        if self._pending_batch is not None:
+            self._unbatch_pending()
+        if len(tokens) == 1 and self._first_token_seen and not self._pending and not self._text_led:
             # The usual step of a stream (one visible token ending where a character ends, nothing waiting):
             # its own group, directly; the loop below would decode it the same way.
-            data = _sole_visible_bytes(tokens)
-            if data is not None:
-                text, used = _utf_8_decode(data, "replace", False)
-                if used == len(data):
+            token = tokens[0]
+            if token.origin is not _AMBIGUOUS and not token.special:
+                text, used = _final_prefix(token.bytes)
+                if used == len(token.bytes):
                     self._emitted_chars += len(text)
-                    return [(text, tokens if type(tokens) is TokenBatch else [tokens[0]])]  # type: ignore[index]
-        if type(tokens) is not list:
-            tokens = tokens.tokens() if type(tokens) is TokenBatch else list(tokens)  # type: ignore[attr-defined]
+                    return [(text, [token])]
         if len(tokens) == 1:
             lossy = tokens[0].origin is _AMBIGUOUS
         else:
@@ -157,6 +156,49 @@ class TextGrouper:
                 self._emit_final(groups, text, used)
         return groups
 
+    def _feed_batch(self, batch: TokenBatch) -> list[Group] | None:
+        """A step of one visible token as a TokenBatch (the usual stream chunk) grouped as the loop in `feed`
+        groups its Token, the batch kept whole: its own group when its bytes end a character and nothing
+        waits; else it waits, joined to the batch of the tokens before it, until a character ends. None
+        (nothing changed) for any other step: `feed` reads it as Tokens."""
+        data = batch.sole_visible_bytes()  # type: ignore[attr-defined]
+        if data is None:
+            return None
+        waiting = self._pending_batch
+        if waiting is None:
+            if self._pending:
+                return None
+            text, used = _final_prefix(data)
+            if used == len(data):
+                self._emitted_chars += len(text)
+                return [(text, batch)]
+            # It waits whole (one token cannot be cut, even after bytes no token can mend: see _emit_final).
+            self._pending_batch, self._pending_sizes = batch, [len(data)]
+            self._pending_bytes += data
+            return []
+        joined = self._pending_bytes + data
+        text, used = _final_prefix(joined)
+        sizes = self._pending_sizes
+        if used == len(joined):
+            if not waiting.extend(batch):  # type: ignore[attr-defined]
+                return None
+            self._pending_batch, self._pending_bytes = None, bytearray()
+            self._emitted_chars += len(text)
+            return [(text, waiting)]
+        if used and _clean_cut([*sizes, len(data)], joined, text, used) is not None:
+            return None  # the loop cuts the final bytes off (a U+FFFD's group) and keeps the rest waiting
+        if not waiting.extend(batch):  # type: ignore[attr-defined]
+            return None
+        sizes.append(len(data))
+        self._pending_bytes = joined
+        return []
+
+    def _unbatch_pending(self) -> None:
+        """The waiting batch as the Tokens the loop in `feed` keeps (their bytes are in `_pending_bytes`)."""
+        assert self._pending_batch is not None and not self._pending
+        self._pending = self._pending_batch.tokens()  # type: ignore[attr-defined]
+        self._pending_batch = None
+
     def _count_upstream(self, upstream_text: str) -> None:
         if upstream_text:
             if not self._upstream_chars:
@@ -165,7 +207,7 @@ class TextGrouper:
             self._upstream_tail = upstream_text[-1]
 
     def _emit_final(self, groups: list[Group], text: str, used: int) -> None:
-        cut = _clean_cut(self._pending, self._pending_bytes, text, used)
+        cut = _clean_cut([len(token.bytes) for token in self._pending], self._pending_bytes, text, used)
         if cut is None:
             return  # one token holds both invalid bytes and the unfinished start: wait for it to complete
         count, boundary, head = cut
@@ -182,6 +224,8 @@ class TextGrouper:
         A `TokenBatch` (a whole body's tokens, read by the compiled reader) whose visible tokens spell the
         text exactly is that one group as it is: the batch stands for its visible tokens (the caller renders
         it whole, `_MessageLogprobs`); any other is made Tokens first."""
+        if self._pending_batch is not None:
+            self._unbatch_pending()
         if type(tokens) is TokenBatch:
             if self._pending or self._held or self._text_led or not tokens.spells(upstream_text):
                 tokens = tokens.tokens()
@@ -235,6 +279,8 @@ class TextGrouper:
 
         In a text-led stream an empty string after the last text is the end-of-sequence token,
         unless generation was cut by length."""
+        if self._pending_batch is not None:
+            self._unbatch_pending()
         unfinished = self._upstream_chars - self._emitted_chars - len(self._pending_bytes)
         if unfinished > 0 and not (unfinished == 1 and self._upstream_tail == "\ufffd" and not self._pending):
             # More text than the logprobs spell (tokens beyond the text are tolerated: a stop string).
