@@ -212,7 +212,8 @@ def id_streams(draw, completions=False):
             {"index": 0, "text": text, "logprobs": {
                 "text_offset": [0] * len(content), "token_logprobs": [entry["logprob"] for entry in content],
                 "tokens": [entry["token"] for entry in content],
-                "top_logprobs": [{top["token"]: top["logprob"] for top in entry["top_logprobs"]} for entry in content]},
+                "top_logprobs": [{top["token"]: top["logprob"] for top in entry["top_logprobs"]} or None
+                                 for entry in content]},  # (None where a position has no alternatives)
              "finish_reason": finish_reason if n == len(chunks) - 1 else None}]})
             for n, (text, content) in enumerate(chunks)]
     return [orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
