@@ -179,3 +179,55 @@ async def test_k_at_the_cap_is_served(aiohttp_server, vocab):
     completion = await stack.client.chat.completions.create(
         model=stack.model, messages=[{"role": "user", "content": "x"}], logprobs=True, top_logprobs=5)
     assert max(len(e.top_logprobs) for e in completion.choices[0].logprobs.content) == 5
+
+
+# --- a stream keeps nothing for a final body it never sends ---------------------------------------------
+
+def _front_chunks(front, steps):
+    import orjson
+
+    from gateway.canonical.step import Step
+
+    chunks = front.start()
+    for tokens, text in steps:
+        chunks += front.feed_step(Step(text, tokens))
+    chunks += front.finish("length", {"prompt_tokens": 1, "completion_tokens": len(steps)})
+    return [orjson.dumps({**chunk, "id": "x", "created": 0}) for chunk in chunks]
+
+
+@pytest.mark.parametrize("door", ["chat", "completions"])
+def test_a_streamed_chat_or_completion_keeps_no_entries_and_sends_the_same_chunks(door):
+    """The chat and completions translators kept every token's rendered logprobs (and the text) for a final
+    body; a stream never asks for one (a 1,000-token k=5 chat stream held ~2 MB). Streamed, they keep none
+    and send the same chunks; not streamed, the final body is whole."""
+    from gateway.logprobs.tokens import Candidate, Token
+    from gateway.translate.front_doors import generation_from_chat, generation_from_completions
+    from gateway.translate.fronts import ChatFront, CompletionsFront
+
+    steps = [([Token(b" w%d" % i, -0.5, tuple(Candidate(b" a%d" % j, -1.0 - j, 100 + j) for j in range(3)), i)],
+              f" w{i}") for i in range(200)]
+
+    def front(stream):
+        if door == "chat":
+            gen = generation_from_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                        "logprobs": True, "top_logprobs": 3, "stream": stream})
+            return ChatFront(gen, False)
+        gen = generation_from_completions({"model": "m", "prompt": "hi", "logprobs": 3, "stream": stream})
+        return CompletionsFront(gen, False)
+
+    streamed, whole = front(True), front(False)
+    assert _front_chunks(streamed, steps) == _front_chunks(whole, steps)
+    kept = (streamed.stream._entries, streamed.stream._text) if door == "chat" else (
+        streamed.stream._logprobs, streamed.stream._text)
+    assert not any(kept)
+    final = front(False)
+    final.start()
+    for tokens, text in steps:
+        final.feed(tokens, text)
+    body = final.final("length", None)
+    choice = body["choices"][0]
+    assert (choice["message"]["content"] if door == "chat" else choice["text"]) == "".join(t for _, t in steps)
+    entries = choice["logprobs"]["content"] if door == "chat" else choice["logprobs"]["tokens"]
+    assert len(entries) == len(steps)
+    with pytest.raises(RuntimeError):
+        streamed.final("length", None)

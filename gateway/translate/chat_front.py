@@ -35,7 +35,10 @@ def normalize_finish(reason: str | None) -> str:
 class ChatStream:
     def __init__(self, model: str, *, logprobs: bool, top_logprobs: int, include_usage: bool = False,
                  completion_id: str | None = None, created: int | None = None,
-                 vocab: Vocab | None = None) -> None:
+                 vocab: Vocab | None = None, keep_for_final: bool = True) -> None:
+        # keep_for_final=False (a stream, whose chunks are all it sends): the text and logprob entries are not
+        # kept for `final`, which is then not called; a 1,000-token k=5 stream held ~2 MB of entry dicts.
+        self._keep = keep_for_final
         self.model = model
         self.logprobs = logprobs
         self.k = top_logprobs
@@ -61,7 +64,8 @@ class ChatStream:
         if not self.logprobs:
             return None
         entries = render_chat(tokens, self.k)
-        self._entries.extend(entries)
+        if self._keep:
+            self._entries.extend(entries)
         return {"content": entries, "refusal": None}
 
     def start(self) -> list[dict[str, Any]]:
@@ -70,7 +74,8 @@ class ChatStream:
     def _groups_to_chunks(self, groups: Iterable[tuple[str, list[Token]]]) -> list[dict[str, Any]]:
         chunks = []
         for text, tokens in groups:
-            self._text.append(text)
+            if self._keep:
+                self._text.append(text)
             chunks.append(self._chunk({"content": text}, self._logprobs(tokens)))
         return chunks
 
@@ -81,7 +86,8 @@ class ChatStream:
         """A reasoning model's thinking, as vLLM's chat API spells it (`reasoning_content`), no logprobs."""
         if not text:
             return []
-        self._reasoning.append(text)
+        if self._keep:
+            self._reasoning.append(text)
         return [self._chunk({"reasoning_content": text}, None)]
 
     def feed_tool_calls(self, deltas: Iterable[ToolCallDelta]) -> list[dict[str, Any]]:
@@ -113,6 +119,8 @@ class ChatStream:
 
     def final(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
         """The non-streamed `chat.completion` body (feed everything first)."""
+        if not self._keep:
+            raise RuntimeError("a ChatStream made with keep_for_final=False kept nothing for final()")
         self._groups_to_chunks(self._grouper.finish(finish_reason))
         text = "".join(self._text)
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}

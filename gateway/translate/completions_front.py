@@ -26,7 +26,9 @@ def _merge(into: dict[str, list[Any]], part: dict[str, list[Any]]) -> None:
 class CompletionsStream:
     def __init__(self, model: str, *, logprobs: int | None, include_usage: bool = False,
                  echo_text: str = "", completion_id: str | None = None,
-                 created: int | None = None, vocab: Vocab | None = None) -> None:
+                 created: int | None = None, vocab: Vocab | None = None, keep_for_final: bool = True) -> None:
+        # keep_for_final=False (a stream): the text and logprobs are not kept for `final`, which is then not called.
+        self._keep = keep_for_final
         self.model = model
         self.k = logprobs
         self.include_usage = include_usage
@@ -53,13 +55,15 @@ class CompletionsStream:
             return None
         rendered = render_completions(tokens, self.k, text_offset_start=self._chars)
         self._chars += len(text)
-        _merge(self._logprobs, rendered)
+        if self._keep:
+            _merge(self._logprobs, rendered)
         return rendered
 
     def _groups(self, groups: Iterable[tuple[str, list[Token]]]) -> list[dict[str, Any]]:
         chunks = []
         for text, tokens in groups:
-            self._text.append(text)
+            if self._keep:
+                self._text.append(text)
             chunks.append(self._chunk(text, self._render(text, tokens)))
         return chunks
 
@@ -86,6 +90,8 @@ class CompletionsStream:
 
     def final(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
         """The non-streamed `text_completion` body (call `start` and feed everything first)."""
+        if not self._keep:
+            raise RuntimeError("a CompletionsStream made with keep_for_final=False kept nothing for final()")
         self._groups(self._grouper.finish(finish_reason))
         logprobs = None
         if self.k is not None:

@@ -105,7 +105,7 @@ class ResponsesFront(_Front):
 class ChatFront(_Front):
     def __init__(self, gen: Generation, include_usage: bool, vocab: Vocab | None = None) -> None:
         self.stream = ChatStream(gen.model, logprobs=gen.logprobs, top_logprobs=gen.top_k_logprobs,
-                                 include_usage=include_usage, vocab=vocab)
+                                 include_usage=include_usage, vocab=vocab, keep_for_final=not gen.stream)
 
     def feed_step(self, step: Step) -> list[dict[str, Any]]:
         if not step.reasoning and not step.tool_calls:
@@ -120,7 +120,8 @@ class CompletionsFront(_Front):
         # Echo without logprobs needs nothing from the upstream: the gateway prepends the prompt.
         echo_text = (gen.prompt or "") if gen.echo_prompt and not gen.logprobs else ""
         self.stream = CompletionsStream(gen.model, logprobs=gen.top_k_logprobs if gen.logprobs else None,
-                                        include_usage=include_usage, echo_text=echo_text, vocab=vocab)
+                                        include_usage=include_usage, echo_text=echo_text, vocab=vocab,
+                                        keep_for_final=not gen.stream)
 
     def echo(self, text: str, tokens: list[Token]) -> list[dict[str, Any]]:
         return self.stream.echo(text, tokens)
