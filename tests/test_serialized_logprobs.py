@@ -222,6 +222,23 @@ def id_streams(draw, completions=False):
             for n, (text, content) in enumerate(chunks)]
 
 
+def _drive(chunks, read, start, feed, finish):
+    """A translator's output for a stream's chunks, each read by `read` and fed by `feed(step)` (or what it
+    raised), and the types the steps' tokens came as."""
+    kinds = set()
+    try:
+        out, finish_reason = start(), None
+        for raw in chunks:
+            step = read(raw)
+            kinds.add(type(step.tokens).__name__)
+            out += feed(step)
+            finish_reason = step.finish_reason or finish_reason
+        out += finish(finish_reason, None)
+    except (TextMismatch, ValueError) as exc:
+        return ("raised", type(exc).__name__, str(exc)), kinds
+    return out, kinds
+
+
 def _served_frames(chunks, k, batches, completions=False):
     """The frames a Responses stream writes for `chunks`, each read as the server reads it (`batches`: its
     tokens a TokenBatch where the compiled reader takes it), and the types the tokens came as."""
@@ -231,17 +248,9 @@ def _served_frames(chunks, k, batches, completions=False):
     stream = ResponsesStream(ResponseSettings(model="m", top_logprobs=k, include_logprobs=True), vocab=PIECES_VOCAB,
                              response_id="resp_1", created_at=1, serialized=True)
     stream.message_id = "msg_1"
-    kinds = set()
-    try:
-        events, finish = stream.start(), None
-        for raw in chunks:
-            step = read(raw)
-            kinds.add(type(step.tokens).__name__)
-            events += stream.feed(step.tokens, step.text)
-            finish = step.finish_reason or finish
-        events += stream.finish(finish, None)
-    except (TextMismatch, ValueError) as exc:
-        return ("raised", type(exc).__name__, str(exc)), kinds
+    events, kinds = _drive(chunks, read, stream.start, lambda step: stream.feed(step.tokens, step.text), stream.finish)
+    if type(events) is tuple:  # (what it raised)
+        return events, kinds
     for event in events:
         (event.get("response") or {}).pop("completed_at", None)  # a clock reading
     return [encode_event(event) for event in events], kinds
@@ -260,4 +269,36 @@ def test_a_stream_read_as_token_batches_writes_the_frames_of_one_read_as_tokens(
     assert kinds == {"list"}
     if fastpath is not None:
         assert batch_kinds == {"TokenBatch"} | ({"list"} if len(batch_kinds) > 1 else set())
+        assert "TokenBatch" in batch_kinds
+
+
+def _chat_chunks(chunks, k, stream):
+    """The chat chunks the chat front door sends for `chunks` (vLLM chat chunks), read as the server reads
+    them: streamed, as TokenBatches into a translator that writes each entry list once as JSON; not
+    streamed, as Tokens into one that builds the entry dicts (and keeps them for the final body)."""
+    from gateway.translate.front_doors import generation_from_chat
+    from gateway.translate.fronts import ChatFront
+
+    gen = generation_from_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+                                "top_logprobs": k, "stream": stream})
+    front = ChatFront(gen, False, PIECES_VOCAB)
+    read = UpstreamCall("/v1/chat/completions", {}, chat_step, load_chat_body, chat_chunk_reader).stream_reader(
+        ParseOptions(vocab=PIECES_VOCAB), front.takes_token_batches)
+    out, kinds = _drive(chunks, read, front.start, front.feed_step, front.finish)
+    if type(out) is tuple:
+        return out, kinds
+    return [orjson.dumps({**chunk, "id": "x", "created": 0}) for chunk in out], kinds
+
+
+@given(st.data(), st.sampled_from([0, 1, 5]))
+@settings(max_examples=200)
+def test_a_chat_stream_read_as_token_batches_sends_the_chunks_of_one_read_as_tokens(data, k):
+    """The chat front door's streams take TokenBatches too and write each chunk's entries as JSON from
+    the ids: every chunk is byte for byte what the entry dicts of the same chunks, read as Tokens, give."""
+    chunks = data.draw(id_streams())
+    as_batches, batch_kinds = _chat_chunks(chunks, k, stream=True)
+    as_tokens, kinds = _chat_chunks(chunks, k, stream=False)
+    assert as_batches == as_tokens
+    assert kinds == {"list"}
+    if fastpath is not None:
         assert "TokenBatch" in batch_kinds

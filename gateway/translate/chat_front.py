@@ -10,8 +10,11 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import orjson
+
 from gateway.canonical.step import ToolCallDelta
-from gateway.logprobs.render import render_chat
+from gateway.logprobs.compiled import TokenBatch
+from gateway.logprobs.render import render_chat, render_responses_json
 from gateway.logprobs.tokens import Token
 from gateway.logprobs.vocab import Vocab
 from gateway.translate.grouping import TextGrouper
@@ -60,12 +63,19 @@ class ChatStream:
             chunk["usage"] = None
         return chunk
 
-    def _logprobs(self, tokens: list[Token]) -> dict[str, Any] | None:
+    def _logprobs(self, tokens: list[Token] | TokenBatch) -> dict[str, Any] | None:
         if not self.logprobs:
             return None
-        entries = render_chat(tokens, self.k)
-        if self._keep:
-            self._entries.extend(entries)
+        if not self._keep:
+            # A stream's entries are only serialized: written once as JSON (chat's entries are the Responses
+            # entries, `render_responses_json`), from the ids when the grouper passed a step's TokenBatch on.
+            if type(tokens) is TokenBatch:
+                json = tokens.render_json(self.k, orjson.dumps)  # type: ignore[attr-defined]
+            else:
+                json = render_responses_json(tokens, self.k)
+            return {"content": orjson.Fragment(json), "refusal": None}
+        entries = render_chat(tokens if type(tokens) is list else list(tokens), self.k)
+        self._entries.extend(entries)
         return {"content": entries, "refusal": None}
 
     def start(self) -> list[dict[str, Any]]:

@@ -106,6 +106,7 @@ class ChatFront(_Front):
     def __init__(self, gen: Generation, include_usage: bool, vocab: Vocab | None = None) -> None:
         self.stream = ChatStream(gen.model, logprobs=gen.logprobs, top_logprobs=gen.top_k_logprobs,
                                  include_usage=include_usage, vocab=vocab, keep_for_final=not gen.stream)
+        self.takes_token_batches = gen.stream  # a stream's entries are written from the ids (see ChatStream)
 
     def feed_step(self, step: Step) -> list[dict[str, Any]]:
         if not step.reasoning and not step.tool_calls:
