@@ -6,6 +6,7 @@ import math
 import tracemalloc
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -136,3 +137,27 @@ def test_a_stream_of_table_tokens_is_kept_as_ids_until_one_is_not():
     packed.extend([lossy])
     assert packed.render_json(5) == render_responses_json([plain, plain, lossy], 5)
     assert packed.tokens()[2].bytes == b" th" and len(packed) == 3
+
+
+@given(st.lists(st.lists(TABLE_TOKEN, max_size=5), max_size=5), st.integers(0, 8))
+def test_a_batch_extended_by_others_holds_their_tokens_after_its_own(batches, k):
+    """TokenBatch.extend copies another batch's rows and alternatives after its own (the alternatives'
+    ends moved by as many), top_absent kept: the joined batch is their tokens, in order, and renders so."""
+    fastpath = pytest.importorskip("gateway.logprobs.compiled").fastpath
+    if fastpath is None:
+        pytest.skip("the compiled twin is not built")
+    parts = []
+    for tokens in batches:
+        part = fastpath.token_batch(TABLE)
+        assert part.append(tokens)
+        parts.append(part)
+    joined = fastpath.token_batch(TABLE)
+    for part in parts:
+        assert joined.extend(part)
+    expected = [token for tokens in batches for token in tokens]
+    assert [(*t[:6], t.top_absent) for t in joined.tokens()] == [(*t[:6], t.top_absent) for t in expected]
+    assert joined.render_json(k, orjson.dumps) == render_responses_json(expected, k)
+    assert joined.extend(joined) and len(joined) == 2 * len(expected)  # itself: read before it grows
+    assert joined.tokens()[len(expected):] == joined.tokens()[:len(expected)]
+    other_table = fastpath.token_batch(tuple(list(TABLE)))  # equal, another object
+    assert not other_table.extend(joined) and len(other_table) == 0  # another table: refused, unchanged

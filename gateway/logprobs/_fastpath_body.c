@@ -91,18 +91,48 @@ grow(void **array, Py_ssize_t wanted, size_t size)
     return 0;
 }
 
-int
-fp_batch_alternative(PyObject *object, Py_ssize_t id, double logprob)
+/* The next capacity for `count` + `more` items: doubled (or the first one), and at least that many. */
+static inline Py_ssize_t
+next_capacity(Py_ssize_t capacity, Py_ssize_t first, Py_ssize_t needed)
 {
-    TokenBatch *batch = (TokenBatch *)object;
-    if (batch->alternative_count == batch->alternative_capacity) {
-        Py_ssize_t wanted = batch->alternative_capacity ? 2 * batch->alternative_capacity
-                                                        : batch->first_alternative_capacity;
+    Py_ssize_t wanted = capacity ? 2 * capacity : first;
+    return wanted < needed ? needed : wanted;
+}
+
+/* Room for `tokens` more tokens and `alternatives` more alternatives; -1 with MemoryError set when there is
+ * none (the batch's contents unchanged). */
+static int
+reserve(TokenBatch *batch, Py_ssize_t tokens, Py_ssize_t alternatives)
+{
+    Py_ssize_t needed = batch->alternative_count + alternatives;
+    if (needed > batch->alternative_capacity) {
+        Py_ssize_t wanted = next_capacity(batch->alternative_capacity, batch->first_alternative_capacity, needed);
         if (grow((void **)&batch->alternative_ids, wanted, sizeof(int32_t)) < 0
             || grow((void **)&batch->alternative_logprobs, wanted, sizeof(double)) < 0) {
             return -1;
         }
         batch->alternative_capacity = wanted;
+    }
+    needed = batch->count + tokens;
+    if (needed > batch->capacity) {
+        Py_ssize_t wanted = next_capacity(batch->capacity, batch->first_capacity, needed);
+        if (grow((void **)&batch->ids, wanted, sizeof(int32_t)) < 0
+            || grow((void **)&batch->logprobs, wanted, sizeof(double)) < 0
+            || grow((void **)&batch->flags, wanted, 1) < 0
+            || grow((void **)&batch->alternatives_end, wanted, sizeof(Py_ssize_t)) < 0) {
+            return -1;
+        }
+        batch->capacity = wanted;
+    }
+    return 0;
+}
+
+int
+fp_batch_alternative(PyObject *object, Py_ssize_t id, double logprob)
+{
+    TokenBatch *batch = (TokenBatch *)object;
+    if (reserve(batch, 0, 1) < 0) {
+        return -1;
     }
     batch->alternative_ids[batch->alternative_count] = (int32_t)id;
     batch->alternative_logprobs[batch->alternative_count++] = logprob;
@@ -114,15 +144,8 @@ fp_batch_token(PyObject *object, Py_ssize_t id, double logprob, int special, int
                Py_ssize_t alternatives_end)
 {
     TokenBatch *batch = (TokenBatch *)object;
-    if (batch->count == batch->capacity) {
-        Py_ssize_t wanted = batch->capacity ? 2 * batch->capacity : batch->first_capacity;
-        if (grow((void **)&batch->ids, wanted, sizeof(int32_t)) < 0
-            || grow((void **)&batch->logprobs, wanted, sizeof(double)) < 0
-            || grow((void **)&batch->flags, wanted, 1) < 0
-            || grow((void **)&batch->alternatives_end, wanted, sizeof(Py_ssize_t)) < 0) {
-            return -1;
-        }
-        batch->capacity = wanted;
+    if (reserve(batch, 1, 0) < 0) {
+        return -1;
     }
     Py_ssize_t i = batch->count++;
     batch->ids[i] = (int32_t)id;
@@ -626,23 +649,29 @@ batch_extend(TokenBatch *batch, PyObject *object)
             Py_RETURN_FALSE; /* append() refuses them too: the message keeps only text's tokens */
         }
     }
-    Py_ssize_t tokens_before = batch->count, alternatives_before = batch->alternative_count;
-    for (Py_ssize_t i = 0; i < other->count; i++) {
-        for (Py_ssize_t j = alternatives_start(other, i); j < other->alternatives_end[i]; j++) {
-            if (fp_batch_alternative((PyObject *)batch, other->alternative_ids[j], other->alternative_logprobs[j]) < 0) {
-                goto failed;
-            }
-        }
-        if (fp_batch_token((PyObject *)batch, other->ids[i], other->logprobs[i], 0,
-                           (other->flags[i] & TOKEN_TOP_ABSENT) != 0, -1) < 0) {
-            goto failed;
-        }
+    /* Copied whole: its rows after ours, its alternatives after ours (their ends moved by as many). */
+    if (other->count == 0) {
+        Py_RETURN_TRUE;
     }
+    if (reserve(batch, other->count, other->alternative_count) < 0) {
+        return NULL;
+    }
+    Py_ssize_t tokens = batch->count, alternatives = batch->alternative_count;
+    memcpy(batch->ids + tokens, other->ids, sizeof(int32_t) * (size_t)other->count);
+    memcpy(batch->logprobs + tokens, other->logprobs, sizeof(double) * (size_t)other->count);
+    memcpy(batch->flags + tokens, other->flags, (size_t)other->count); /* TOKEN_TOP_ABSENT kept; none special */
+    for (Py_ssize_t i = 0; i < other->count; i++) {
+        batch->alternatives_end[tokens + i] = alternatives + other->alternatives_end[i];
+    }
+    if (other->alternative_count) {
+        memcpy(batch->alternative_ids + alternatives, other->alternative_ids,
+               sizeof(int32_t) * (size_t)other->alternative_count);
+        memcpy(batch->alternative_logprobs + alternatives, other->alternative_logprobs,
+               sizeof(double) * (size_t)other->alternative_count);
+    }
+    batch->count += other->count;
+    batch->alternative_count += other->alternative_count;
     Py_RETURN_TRUE;
-failed: /* out of memory partway: the batch is left as it was */
-    batch->count = tokens_before;
-    batch->alternative_count = alternatives_before;
-    return NULL;
 }
 
 /* sole_visible_bytes() -> bytes | None: the bytes of the one token the batch holds when it holds exactly
