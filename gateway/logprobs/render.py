@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from gateway.logprobs.compiled import fastpath
+from gateway.logprobs.compiled import TokenBatch, fastpath
 from gateway.logprobs.report import TranslationReport
 from gateway.logprobs.spellings import chat_token_string, completions_token_string
 from gateway.logprobs.tokens import SENTINEL_LOGPROB, Candidate, Token, normalize_candidates, normalize_logprob
@@ -63,11 +63,14 @@ def render_responses(tokens: Sequence[Token], k: int) -> list[dict[str, Any]]:
     return render_chat(tokens, k)
 
 
-def render_responses_json(tokens: Sequence[Token], k: int) -> bytes:
+def render_responses_json(tokens: Sequence[Token] | TokenBatch, k: int) -> bytes:
     """`render_responses(tokens, k)` as JSON bytes (what orjson writes for it, byte for byte).
 
     The compiled twin writes the JSON directly, with no dict per entry; other shapes go through the dicts.
+    A `TokenBatch` stands for its visible tokens (a group's batch holds no other) and is written from its ids.
     """
+    if type(tokens) is TokenBatch:
+        return tokens.render_json(k, orjson.dumps)  # type: ignore[attr-defined,no-any-return]
     if fastpath is not None and type(tokens) is list and type(k) is int:
         written = fastpath.render_entries_json(tokens, k, orjson.dumps)
         if written is not None:

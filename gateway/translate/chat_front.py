@@ -68,13 +68,9 @@ class ChatStream:
             return None
         if not self._keep:
             # A stream's entries are only serialized: written once as JSON (chat's entries are the Responses
-            # entries, `render_responses_json`), from the ids when the grouper passed a step's TokenBatch on.
-            if type(tokens) is TokenBatch:
-                json = tokens.render_json(self.k, orjson.dumps)  # type: ignore[attr-defined]
-            else:
-                json = render_responses_json(tokens, self.k)
-            return {"content": orjson.Fragment(json), "refusal": None}
-        entries = render_chat(tokens if type(tokens) is list else list(tokens), self.k)
+            # entries), from the ids when the grouper passed a step's TokenBatch on.
+            return {"content": orjson.Fragment(render_responses_json(tokens, self.k)), "refusal": None}
+        entries = render_chat(tokens if type(tokens) is list else tokens.tokens(), self.k)  # type: ignore[union-attr]
         self._entries.extend(entries)
         return {"content": entries, "refusal": None}
 

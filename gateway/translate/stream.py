@@ -115,15 +115,8 @@ class _MessageLogprobs:
     def delta(self, tokens: list[Token] | TokenBatch) -> Logprobs:
         """The entries of one delta event; its tokens are also kept for the message. A TokenBatch (a stream
         chunk the grouper passed on whole: no special token) stays ids from its read to its JSON."""
-        if type(tokens) is TokenBatch:
-            if not self.serialized:
-                tokens = tokens.tokens()
-            else:
-                self._packed.extend(tokens)
-                self._joined = self._joined_from = None
-                return orjson.Fragment(tokens.render_json(self.k, orjson.dumps))
         if not self.serialized:
-            entries = render_responses(tokens, self.k)
+            entries = render_responses(tokens if type(tokens) is list else tokens.tokens(), self.k)
             self._dicts.extend(entries)
             return entries
         self._packed.extend(tokens)
