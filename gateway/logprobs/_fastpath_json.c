@@ -452,6 +452,29 @@ array_of(Reader *r, ArrayItem item, void *context)
     return list;
 }
 
+/* `[item, ...]` read only for its length, where each read item is None (records appended to a batch): the count, or
+ * -1 when declined (no error set) or on an error. Building a list of Nones cost ~65 instructions an item. */
+static Py_ssize_t
+array_count(Reader *r, ArrayItem item, void *context)
+{
+    if (!take(r, '[')) {
+        return -1;
+    }
+    if (take(r, ']')) {
+        return 0;
+    }
+    Py_ssize_t count = 0;
+    do {
+        PyObject *value = item(r, context);
+        if (value == NULL) {
+            return -1;
+        }
+        Py_DECREF(value);
+        count++;
+    } while (take(r, ','));
+    return take(r, ']') ? count : -1;
+}
+
 /* The vocabulary a record reader needs; `special_flags` NULL for alternatives (candidates). With `batch`
  * (a TokenBatch, _fastpath_body.c) records are appended to it instead of built (each read gives None). */
 typedef struct {
@@ -531,6 +554,7 @@ strict_record(Reader *r, void *context)
     double value = 0;
     PyObject *logprob = NULL, *result = NULL, *listed = NULL;
     int seen = 0, special = 0, entry = tables->special_flags != NULL;
+    Py_ssize_t listed_count = 0; /* the alternatives read (`listed`'s length, or counted into the batch) */
     if (!take(r, '{')) {
         return NULL;
     }
@@ -556,7 +580,15 @@ strict_record(Reader *r, void *context)
                     goto done;
                 }
                 /* null reads as none; any other non-array is Python's call (it may read it as none or refuse) */
-                if (!strict_literal(r, "null") && (listed = array_of(r, strict_record, &alternatives)) == NULL) {
+                if (strict_literal(r, "null")) {
+                    continue;
+                }
+                if (tables->batch != NULL) {
+                    if ((listed_count = array_count(r, strict_record, &alternatives)) < 0) {
+                        goto done;
+                    }
+                }
+                else if ((listed = array_of(r, strict_record, &alternatives)) == NULL) {
                     goto done;
                 }
             }
@@ -579,8 +611,10 @@ strict_record(Reader *r, void *context)
             goto done;
         }
     }
-    if ((seen & (SEEN_TOKEN | SEEN_LOGPROB)) != (SEEN_TOKEN | SEEN_LOGPROB)
-        || (listed != NULL && PyList_GET_SIZE(listed) > MAX_CANDIDATES)) {
+    if (listed != NULL) {
+        listed_count = PyList_GET_SIZE(listed);
+    }
+    if ((seen & (SEEN_TOKEN | SEEN_LOGPROB)) != (SEEN_TOKEN | SEEN_LOGPROB) || listed_count > MAX_CANDIDATES) {
         goto done;
     }
     if (tables->batch != NULL) {
@@ -608,7 +642,8 @@ done:
     return result;
 }
 
-/* `{"content": [entries]}` -> a list of Tokens; NULL when declined or on an error. */
+/* `{"content": [entries]}` -> a list of Tokens (with `batch`: the batch, the records appended); NULL when declined
+ * or on an error. */
 static PyObject *
 strict_logprobs(Reader *r, PyObject *table, const char *special_flags, PyObject *batch)
 {
@@ -618,7 +653,9 @@ strict_logprobs(Reader *r, PyObject *table, const char *special_flags, PyObject 
     if (!take(r, '{') || !read_name(r, &name, &name_length) || !is_name(name, name_length, "content")) {
         return NULL;
     }
-    PyObject *tokens = array_of(r, strict_record, &entries);
+    /* With a batch the records go there: the batch itself is the result, as completions_logprobs gives it */
+    PyObject *tokens = batch != NULL ? (array_count(r, strict_record, &entries) < 0 ? NULL : Py_NewRef(batch))
+                                     : array_of(r, strict_record, &entries);
     if (tokens == NULL) {
         return NULL;
     }
@@ -1192,7 +1229,7 @@ batched_logprobs(Reader *r, Chunk *chunk)
         Py_DECREF(batch);
         return failed();
     }
-    Py_DECREF(read); /* the batch itself (completions) or a list of None, one per record (chat) */
+    Py_DECREF(read); /* the batch itself */
     chunk->tokens = batch;
     return 1;
 }
