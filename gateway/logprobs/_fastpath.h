@@ -91,49 +91,63 @@ plain_logprob(PyObject *value)
     return number > SENTINEL_LOGPROB && number < Py_HUGE_VAL; /* NaN fails both */
 }
 
-/* Whether the 8 bytes at p are all ASCII digits, and if so their value in *value: each byte's digit
- * combined pairwise in one 64-bit word (x10 + next), then the pairs (x100), then the quads (x10000). */
+/* How many ASCII digits (0-8) the 8 bytes at p start with, and their value in *value. A byte is a digit when
+ * its high nibble is 3 and adding 6 does not carry into it; the first one that is not is the lowest flagged
+ * byte (a carry out of a later byte never reaches an earlier one). The digits are moved to the top of the
+ * word, zeros below them, and combined pairwise (x10 + next), then the pairs (x100), then the quads (x10000). */
 static inline int
-eight_digits(const unsigned char *p, uint32_t *value)
+leading_digits(const unsigned char *p, uint32_t *value)
 {
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
     (void)p, (void)value;
-    return 0; /* the arithmetic below reads p[0] as the lowest byte: elsewhere, one digit at a time */
+    return 0;
 #else
     uint64_t word;
     memcpy(&word, p, sizeof word); /* p[0] is the lowest byte */
-    /* every byte 0x30-0x39: high nibble 3, and adding 6 does not carry into it */
-    if (((word & 0xF0F0F0F0F0F0F0F0ULL) | (((word + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) >> 4))
-        != 0x3333333333333333ULL) {
+    uint64_t other = ((word & 0xF0F0F0F0F0F0F0F0ULL) ^ 0x3030303030303030ULL)
+                     | (((word + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) ^ 0x3030303030303030ULL);
+    int count = other == 0 ? 8 : __builtin_ctzll(other) / 8;
+    if (count == 0) {
         return 0;
     }
-    word -= 0x3030303030303030ULL;
-    word = (word * 10 + (word >> 8)) & 0x00FF00FF00FF00FFULL;     /* 4 pairs: p0p1, p2p3, ... in bytes 0, 2, 4, 6 */
-    word = (word * 100 + (word >> 16)) & 0x0000FFFF0000FFFFULL;  /* 2 quads in the low 16 bits of each half */
-    word = word * 10000 + (word >> 32);                            /* all 8 in the low 32 bits */
+    word -= 0x3030303030303030ULL; /* the first `count` bytes are digits: no borrow out of them */
+    word <<= 8 * (8 - count);      /* (a shift by 64 is undefined: count 8 shifts by 0) */
+    word = (word * 10 + (word >> 8)) & 0x00FF00FF00FF00FFULL;
+    word = (word * 100 + (word >> 16)) & 0x0000FFFF0000FFFFULL;
+    word = word * 10000 + (word >> 32);
     *value = (uint32_t)word;
-    return 1;
+    return count;
 #endif
 }
 
 /* The digits at p, up to the first non-digit, appended to *digits (a decimal reader's significant digits:
- * leading zeros not counted in *significant): past the leading zeros and the first significant digit,
- * eight at a time while they fit in 19 (a float32 printed in full is 16-17), then one at a time. Where the
- * digits end, or NULL past 19 significant digits (the reader then leaves the number to Python's). */
+ * leading zeros not counted in *significant): past the leading zeros and the first significant digit, up to
+ * eight at a time (leading_digits; a float32 printed in full is 16-17 digits: one digit at a time was ~110
+ * instructions a logprob), then one at a time near the end of the text. Where the digits end, or NULL past
+ * 19 significant digits (the reader then leaves the number to Python's). */
 static inline const unsigned char *
 take_digits(const unsigned char *p, const unsigned char *end, uint64_t *digits, int *significant)
 {
+    static const uint64_t scale[9] = {1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL, 10000000ULL,
+                                      100000000ULL};
     uint64_t value = *digits;
     int count = *significant;
     for (; value == 0 && p < end && (unsigned int)(*p - '0') <= 9; p++) {
         value = (unsigned int)(*p - '0');
         count = value != 0;
     }
-    uint32_t eight;
-    while (value != 0 && count <= 11 && end - p >= 8 && eight_digits(p, &eight)) {
-        value = value * 100000000ULL + eight;
-        count += 8;
-        p += 8;
+    uint32_t chunk;
+    int taken;
+    while (value != 0 && end - p >= 8 && (taken = leading_digits(p, &chunk)) > 0) {
+        if (count + taken > 19) {
+            return NULL;
+        }
+        value = value * scale[taken] + chunk;
+        count += taken;
+        p += taken;
+        if (taken < 8) {
+            break; /* the digits end here */
+        }
     }
     for (; p < end && (unsigned int)(*p - '0') <= 9; p++) {
         if (++count > 19) {
