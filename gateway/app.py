@@ -843,12 +843,15 @@ async def _on_startup(app: web.Application) -> None:
     state = app[STATE]
     # How much of each upstream response is read ahead of the translator (memory vs. throughput).
     state.read_bufsize = configured_read_bufsize(os.environ)
+    # Every client's requests share these sessions: a cookie one upstream answer set (a sticky load balancer's,
+    # a session's) must not ride along on other clients' requests, so none is kept.
     state.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=256),
-                                          read_bufsize=state.read_bufsize or DEFAULT_READ_BUFSIZE)
+                                          read_bufsize=state.read_bufsize or DEFAULT_READ_BUFSIZE,
+                                          cookie_jar=aiohttp.DummyCookieJar())
     state.long_stream_session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, limit_per_host=256, socket_factory=receive_buffer_socket_factory(
             long_stream_receive_buffer(os.environ))),
-        read_bufsize=LONG_STREAM_READ_BUFSIZE)
+        read_bufsize=LONG_STREAM_READ_BUFSIZE, cookie_jar=aiohttp.DummyCookieJar())
     state.probes.append(asyncio.create_task(state.loop_lag.run()))
     start_probes(state)
 
