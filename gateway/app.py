@@ -535,6 +535,10 @@ async def _first_events(exchange: _Exchange, replica: Replica, response: aiohttp
         response.release()
         raise _Retryable(upstream_error(f"upstream {exchange.route.upstream_name!r} ended the stream before any "
                                         "event"), "malformed") from None
+    except UpstreamFormatError as exc:  # (sse.data_batches: no event ended within its bound)
+        response.close()
+        raise _Retryable(upstream_error(f"upstream {exchange.route.upstream_name!r} sent a broken stream: {exc}"),
+                         "malformed") from None
     for data in first:
         if data.find(b'"error"') >= 0:  # (not `in`: for bytes it builds and drops a TypeError first, per event)
             try:

@@ -9,7 +9,14 @@ from typing import Any
 
 import orjson
 
+from gateway.canonical.step import UpstreamFormatError
 from gateway.logprobs.compiled import fastpath
+
+# The bytes an upstream stream may send without ending an event (what the reader holds for it meanwhile):
+# ~1,000x the largest event a server sends (a chunk of several tokens with 20 alternatives each is ~60 KB;
+# TGI's last event repeats the whole text). Past it the stream is broken, not slow: an upstream that never
+# ends a line would otherwise grow the gateway's memory for every client until the total timeout.
+MAX_EVENT_BYTES = 64 * 1024 * 1024
 
 
 def sse_headers(request_id: str) -> dict[str, str]:
@@ -168,12 +175,17 @@ async def data_payloads(lines: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
 
 async def data_batches(lines: AsyncIterable[bytes]) -> AsyncIterator[list[bytes]]:
     """`data_payloads`, a list at a time: the events completed by one read come together (never
-    an empty list), so a caller can answer a whole network read with one write."""
+    an empty list), so a caller can answer a whole network read with one write. Reads (`iter_any`)
+    of more than MAX_EVENT_BYTES that complete no event raise UpstreamFormatError."""
     buffer: list[bytes] = []  # the data lines of an event whose blank line has not arrived
     if hasattr(lines, "iter_any"):
         pending: list[bytes] = []  # the start of a line whose end has not arrived
+        unfinished = 0  # bytes read since a read last completed an event: at least what pending and buffer hold
         whole_events = fastpath.sse_events if fastpath is not None else None
         async for chunk in lines.iter_any():
+            unfinished += len(chunk)
+            if unfinished > MAX_EVENT_BYTES:
+                raise UpstreamFormatError(f"the upstream sent over {MAX_EVENT_BYTES >> 20} MiB without ending an event")
             if _LF not in chunk:
                 pending.append(chunk)
                 continue
@@ -188,6 +200,7 @@ async def data_batches(lines: AsyncIterable[bytes]) -> AsyncIterator[list[bytes]
                     if cut < len(chunk):
                         pending.append(chunk[cut:])
                     if payloads:
+                        unfinished = 0
                         yield payloads
                     if done:
                         return
@@ -200,6 +213,7 @@ async def data_batches(lines: AsyncIterable[bytes]) -> AsyncIterator[list[bytes]
                 split = [line.rstrip(b"\r") for line in split]
             payloads, done = _events(split, buffer)
             if payloads:
+                unfinished = 0
                 yield payloads
             if done:
                 return
