@@ -13,12 +13,13 @@ from aiohttp import web
 
 from gateway import app as app_module
 from gateway.app import STATE, create_app
+from gateway.canonical.step import UpstreamFormatError
 from gateway.config import parse_config
 from gateway.logprobs.compiled import fastpath
 from gateway.logprobs.demo_vocab import build_demo_vocab
 from gateway.logprobs.report import TranslationReport
 from gateway.simulator.vllm import create_app as create_simulator
-from gateway.sse import _events, data_batches, data_payloads, split_events
+from gateway.sse import MAX_EVENT_BYTES, _events, data_batches, data_payloads, split_events
 from gateway.upstreams.openai_compatible import _FROM_IDS_REPORTS
 
 MODEL = "demo-model"
@@ -83,6 +84,20 @@ def test_the_compiled_event_reader_reads_what_the_line_reader_reads(read, taken)
         rest = lines.pop()
         assert (payloads, done) == _events(lines, buffer := [])
         assert done or (not buffer and not rest and b"\n" not in read[cut:])  # what is left: a line's start
+
+
+_MIB = b"x" * (1024 * 1024)
+
+
+async def test_the_reader_refuses_an_event_past_the_bound_and_not_many_events_past_it():
+    over = MAX_EVENT_BYTES // len(_MIB) + 1
+    with pytest.raises(UpstreamFormatError, match="without ending an event"):
+        await _batches([b"data: {"] + [_MIB] * over)
+    with pytest.raises(UpstreamFormatError):  # data lines that never come to a blank line
+        await _batches([b"data: " + _MIB[:-8] + b"\n"] * over)
+    event = b"data: " + _MIB[:-8] + b"\n\n"  # ~1 MiB events, as many as the bound and more: all read
+    batches = await _batches([event] * over + [b"data: [DONE]\n\n"])
+    assert sum(len(batch) for batch in batches) == over
 
 
 def test_the_events_of_one_read_come_as_one_batch():

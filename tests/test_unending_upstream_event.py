@@ -13,44 +13,13 @@ from pathlib import Path
 
 import openai
 import orjson
-import pytest
 from aiohttp import web
 
 from gateway.app import create_app
-from gateway.canonical.step import UpstreamFormatError
 from gateway.config import parse_config
-from gateway.sse import MAX_EVENT_BYTES, data_batches
+from gateway.sse import MAX_EVENT_BYTES
 
 MIB = b"x" * (1024 * 1024)
-
-
-class _Reads:
-    """aiohttp's StreamReader as far as data_batches uses it: `iter_any()` yields the reads."""
-
-    def __init__(self, reads):
-        self.reads = reads
-
-    def iter_any(self):
-        async def reads():
-            for read in self.reads:
-                yield read
-
-        return reads()
-
-
-async def _batches(reads):
-    return [batch async for batch in data_batches(_Reads(reads))]
-
-
-async def test_the_reader_refuses_an_event_past_the_bound_and_not_many_events_past_it():
-    over = MAX_EVENT_BYTES // len(MIB) + 1
-    with pytest.raises(UpstreamFormatError, match="without ending an event"):
-        await _batches([b"data: {"] + [MIB] * over)
-    with pytest.raises(UpstreamFormatError):  # data lines that never come to a blank line
-        await _batches([b"data: " + MIB[:-8] + b"\n"] * over)
-    event = b"data: " + MIB[:-8] + b"\n\n"  # ~1 MiB events, as many as the bound and more: all read
-    batches = await _batches([event] * over + [b"data: [DONE]\n\n"])
-    assert sum(len(batch) for batch in batches) == over
 
 
 def _unending_upstream(first_event: bool, stopped: asyncio.Event) -> web.Application:
