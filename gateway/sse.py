@@ -180,7 +180,9 @@ async def data_batches(lines: AsyncIterable[bytes]) -> AsyncIterator[list[bytes]
     buffer: list[bytes] = []  # the data lines of an event whose blank line has not arrived
     if hasattr(lines, "iter_any"):
         pending: list[bytes] = []  # the start of a line whose end has not arrived
-        unfinished = 0  # bytes read since a read last completed an event: at least what pending and buffer hold
+        # Bytes read since a read last completed an event: pending and buffer hold no more than these and the
+        # rest of that read.
+        unfinished = 0
         whole_events = fastpath.sse_events if fastpath is not None else None
         async for chunk in lines.iter_any():
             unfinished += len(chunk)
