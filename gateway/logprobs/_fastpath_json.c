@@ -425,37 +425,11 @@ first_time_bit(int *seen, int bit)
 /* Reads one array item (a new reference), or NULL when declined (no error set) or on an error. */
 typedef PyObject *(*ArrayItem)(Reader *r, void *context);
 
-/* `[item, ...]` -> a new list of what `item` reads; NULL when declined (no error set) or on an error. */
-static PyObject *
-array_of(Reader *r, ArrayItem item, void *context)
-{
-    if (!take(r, '[')) {
-        return NULL;
-    }
-    PyObject *list = PyList_New(0);
-    if (list == NULL || take(r, ']')) {
-        return list;
-    }
-    do {
-        PyObject *value = item(r, context);
-        if (value == NULL || PyList_Append(list, value) < 0) {
-            Py_XDECREF(value);
-            Py_DECREF(list);
-            return NULL;
-        }
-        Py_DECREF(value);
-    } while (take(r, ','));
-    if (!take(r, ']')) {
-        Py_DECREF(list);
-        return NULL;
-    }
-    return list;
-}
-
-/* `[item, ...]` read only for its length, where each read item is None (records appended to a batch): the count, or
- * -1 when declined (no error set) or on an error. Building a list of Nones cost ~65 instructions an item. */
+/* `[item, ...]`: each item read by `item` and appended to `list` (NULL: only counted, for items that are None:
+ * records appended to a batch; a list of Nones cost ~65 instructions an item). How many, or -1 when declined (no
+ * error set) or on an error. */
 static Py_ssize_t
-array_count(Reader *r, ArrayItem item, void *context)
+read_array(Reader *r, ArrayItem item, void *context, PyObject *list)
 {
     if (!take(r, '[')) {
         return -1;
@@ -466,13 +440,25 @@ array_count(Reader *r, ArrayItem item, void *context)
     Py_ssize_t count = 0;
     do {
         PyObject *value = item(r, context);
-        if (value == NULL) {
+        if (value == NULL || (list != NULL && PyList_Append(list, value) < 0)) {
+            Py_XDECREF(value);
             return -1;
         }
         Py_DECREF(value);
         count++;
     } while (take(r, ','));
     return take(r, ']') ? count : -1;
+}
+
+/* `[item, ...]` -> a new list of what `item` reads; NULL when declined (no error set) or on an error. */
+static PyObject *
+array_of(Reader *r, ArrayItem item, void *context)
+{
+    PyObject *list = PyList_New(0);
+    if (list != NULL && read_array(r, item, context, list) < 0) {
+        Py_CLEAR(list);
+    }
+    return list;
 }
 
 /* The vocabulary a record reader needs; `special_flags` NULL for alternatives (candidates). With `batch`
@@ -584,7 +570,7 @@ strict_record(Reader *r, void *context)
                     continue;
                 }
                 if (tables->batch != NULL) {
-                    if ((listed_count = array_count(r, strict_record, &alternatives)) < 0) {
+                    if ((listed_count = read_array(r, strict_record, &alternatives, NULL)) < 0) {
                         goto done;
                     }
                 }
@@ -654,7 +640,7 @@ strict_logprobs(Reader *r, PyObject *table, const char *special_flags, PyObject 
         return NULL;
     }
     /* With a batch the records go there: the batch itself is the result, as completions_logprobs gives it */
-    PyObject *tokens = batch != NULL ? (array_count(r, strict_record, &entries) < 0 ? NULL : Py_NewRef(batch))
+    PyObject *tokens = batch != NULL ? (read_array(r, strict_record, &entries, NULL) < 0 ? NULL : Py_NewRef(batch))
                                      : array_of(r, strict_record, &entries);
     if (tokens == NULL) {
         return NULL;
