@@ -63,6 +63,7 @@ from gateway.translate.front_doors import (
 )
 from gateway.translate.fronts import ChatFront, CompletionsFront, FrontTranslator, ResponsesFront
 from gateway.translate.grouping import TextMismatch
+from gateway.upstream_bodies import MAX_ERROR_BODY_BYTES, UpstreamBodyTooLarge, read_whole
 from gateway.upstreams.base import UpstreamCall
 from gateway.upstreams.dispatch import bytes_precision
 from gateway.upstreams.verdicts import UpstreamFault, UpstreamRejected, client_error, read_fault
@@ -491,9 +492,9 @@ async def _refused(state: GatewayState, exchange: _Exchange, replica: Replica,
     """An upstream's error answer -> the client's error (retried elsewhere for a 5xx or a 429)."""
     route = exchange.route
     try:
-        body = await response.json(content_type=None)
-    except (aiohttp.ClientError, ValueError, TimeoutError):
-        body = None
+        body = orjson.loads(await read_whole(response, MAX_ERROR_BODY_BYTES))
+    except (aiohttp.ClientError, ValueError, TimeoutError, UpstreamBodyTooLarge):
+        body = None  # judged by its status alone
     finally:
         response.release()
     status = response.status
@@ -594,7 +595,7 @@ async def _complete(state: GatewayState, exchange: _Exchange, replica: Replica, 
     reading_since = time.monotonic()
     try:
         async with upstream:
-            raw = await upstream.read()
+            raw = await read_whole(upstream, state.config.limits.max_upstream_body_bytes)
         data = [call.load(event, options) for event in split_events(raw)] if call.streamed_whole else call.load(
             raw, options)
         step = call.parse(data, options, streaming=False)
@@ -607,6 +608,9 @@ async def _complete(state: GatewayState, exchange: _Exchange, replica: Replica, 
         raise _Retryable(upstream_error(f"upstream {name!r} sent a broken response: {exc}"), "malformed") from None
     except AlignmentError as exc:  # the answer is whole; its logprobs do not fit the model's tokenizer
         raise upstream_error(f"upstream {name!r} sent unusable logprobs: {exc}") from None
+    except UpstreamBodyTooLarge as exc:  # another replica would send the same answer: not retried
+        raise upstream_error(f"upstream {name!r} sent a response too large to read: {exc} "
+                             f"(limits.max_upstream_body_bytes)") from None
     route.replicas.succeeded(replica)
     _account(exchange, step)
     exchange.first_token_at = time.perf_counter()

@@ -118,6 +118,10 @@ class Auth(_Strict):
 
 class Limits(_Strict):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    # An upstream's whole (non-streamed) answer larger than this is refused with a 502, its connection
+    # dropped. The largest legitimate ones are long answers with many alternatives per token (~1.1 KB a
+    # token at top_logprobs 20, so ~150 MB for 128k tokens); streamed answers are bounded per event.
+    max_upstream_body_bytes: int = Field(default=512 * 1024 * 1024, gt=0)
     # `background: true` responses running at once in this process (429 beyond; 0 turns them off).
     background_responses: int = Field(default=32, ge=0)
     # A WebSocket connection on /v1/responses lasts at most this long (then websocket_connection_limit_reached).
