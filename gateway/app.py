@@ -64,7 +64,7 @@ from gateway.translate.front_doors import (
 from gateway.translate.fronts import ChatFront, CompletionsFront, FrontTranslator, ResponsesFront
 from gateway.translate.grouping import TextMismatch
 from gateway.upstream_bodies import MAX_ERROR_BODY_BYTES, UpstreamBodyTooLarge, read_whole
-from gateway.upstreams.base import UpstreamCall
+from gateway.upstreams.base import UpstreamCall, step_of_fields
 from gateway.upstreams.dispatch import bytes_precision
 from gateway.upstreams.verdicts import UpstreamFault, UpstreamRejected, client_error, read_fault
 
@@ -101,7 +101,8 @@ class _Framing:
 
     named_events: bool
 
-    def encode(self, items: list[dict[str, Any]]) -> bytes:
+    def encode(self, items: list[dict[str, Any] | bytes]) -> bytes:
+        """(Frames already written come only to named events: see SSESink.takes_frames.)"""
         if self.named_events:
             return encode_events(items)
         parts: list[bytes] = []
@@ -110,7 +111,7 @@ class _Framing:
             parts += (b"data: ", dumps(item), b"\n\n")
         return b"".join(parts)  # one copy of all the frames
 
-    def pieces(self, items: list[dict[str, Any]]) -> list[bytes]:
+    def pieces(self, items: list[dict[str, Any] | bytes]) -> list[bytes]:
         """`encode(items)` in pieces (sse.encode_pieces: a long logprob list the frames repeat is one
         piece they share); the last piece is always a small one."""
         return encode_pieces(items) if self.named_events else [self.encode(items)]
@@ -637,8 +638,13 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
         failed = False
         # Everything made from one network read goes out in one write. `items` holds what is not
         # written yet, so a failure partway through a read still sends the events before it.
-        items: list[dict[str, Any]] = []
+        items: list[dict[str, Any] | bytes] = []
         read, feed, reports = call.stream_reader(options, front.takes_token_batches), front.feed_step, exchange.reports
+        # The usual chunk (text and a TokenBatch, nothing else) straight to its frame, where the sink writes
+        # frames and the call reads chunks as their parts: no Step, no event dict.
+        frame_of = front.frame_writer() if sink.takes_frames else None
+        fields_of = call.fields_reader(options) if frame_of is not None else None
+        from_ids = 0  # tokens of the frames written from their ids, not counted in `reports` yet
         # What parsing repaired reaches the counters at most a second late (and all of it at the end).
         flush_at = read_at = time.monotonic()
         flush_at += _REPORT_FLUSH_SECONDS
@@ -646,7 +652,19 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
         try:
             async for batch in batches or data_batches(upstream.content):
                 for data in batch:
-                    step = read(data)
+                    if fields_of is not None and (fields := fields_of(data)) is not None:
+                        if fields[2] is None and (frame := frame_of(fields[0], fields[1])) is not None:
+                            count = len(fields[1])
+                            unsent += count
+                            from_ids += count
+                            if frame:  # (empty: its token waits for the rest of its character)
+                                items.append(frame)
+                                if exchange.first_token_at is None:
+                                    exchange.first_token_at = time.perf_counter()
+                            continue
+                        step = step_of_fields(fields)
+                    else:
+                        step = read(data)
                     unsent += len(step.tokens) + len(step.reasoning_tokens)
                     if step.usage:
                         exchange.step_usage = step.usage
@@ -658,6 +676,9 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
                             exchange.first_token_at = time.perf_counter()
                         items += made
                     finish_reason = step.finish_reason or finish_reason
+                if from_ids:
+                    reports.add_from_ids(from_ids)
+                    from_ids = 0
                 read_at = time.monotonic()
                 if read_at >= flush_at:
                     reports.flush()
@@ -726,9 +747,13 @@ class EventSink(Protocol):
     A sink whose client went away raises ClientGone (never aiohttp's ClientError, which the loop
     would take for the upstream's fault)."""
 
+    # `send` and `end` also take events already written as SSE frames (bytes), from a stream loop that
+    # sees `takes_frames`.
+    takes_frames: bool
+
     async def begin(self, items: list[dict[str, Any]]) -> None: ...
-    async def send(self, items: list[dict[str, Any]]) -> None: ...
-    async def end(self, items: list[dict[str, Any]], failed: bool) -> None: ...
+    async def send(self, items: list[dict[str, Any] | bytes]) -> None: ...
+    async def end(self, items: list[dict[str, Any] | bytes], failed: bool) -> None: ...
 
 
 class ClientGone(ConnectionResetError):
@@ -751,12 +776,13 @@ _SLICE = 64 * 1024  # aiohttp's write copies what it is given (chunk header join
 class SSESink:
     """The HTTP stream: `text/event-stream` frames, one write per network read."""
 
-    __slots__ = ("framing", "request", "response")
+    __slots__ = ("framing", "request", "response", "takes_frames")
 
     def __init__(self, request: web.Request, framing: _Framing) -> None:
         self.request = request
         self.framing = framing
         self.response: web.StreamResponse | None = None
+        self.takes_frames = framing.named_events
 
     async def begin(self, items: list[dict[str, Any]]) -> None:
         # With events to send at once, the headers go out with them, in one write; else straight away.
@@ -767,10 +793,10 @@ class SSESink:
         if items:
             await self._write(self.framing.encode(items))
 
-    async def send(self, items: list[dict[str, Any]]) -> None:
+    async def send(self, items: list[dict[str, Any] | bytes]) -> None:
         await self._write(self.framing.encode(items))
 
-    async def end(self, items: list[dict[str, Any]], failed: bool) -> None:
+    async def end(self, items: list[dict[str, Any] | bytes], failed: bool) -> None:
         assert self.response is not None
         *body, tail = self.framing.pieces(items) if items else [b""]
         # A long message's closing frames repeat its logprob list (~0.4 MB at 1,000 tokens, k=5) four

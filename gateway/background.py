@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import GatewayError
-from gateway.sse import encode_events
+from gateway.sse import encode_events, frame_json
 from gateway.translate.stream import ResponsesStream
 
 log = logging.getLogger("responses_gateway.background")
@@ -43,6 +43,8 @@ Save = Callable[[dict[str, Any], bytes | None], Awaitable[None]]
 class EventLog:
     """A background response's events in sequence order (event i has `sequence_number` i), kept as the
     SSE frames a follower is sent, and the stream loop's sink. Followers wake on each append."""
+
+    takes_frames = True  # (what it keeps)
 
     def __init__(self, save: Save, on_begin: Callable[[], Awaitable[None]] | None = None) -> None:
         self.events: list[bytes] = []  # one SSE frame per event: `event: <type>\ndata: <json>\n\n`
@@ -61,7 +63,7 @@ class EventLog:
 
     def blob(self, more: list[bytes] = ()) -> bytes:  # type: ignore[assignment]
         """The events as one JSON array (for the store)."""
-        return b"[" + b",".join([_json(frame) for frame in (*self.events, *more)]) + b"]"
+        return b"[" + b",".join([frame_json(frame) for frame in (*self.events, *more)]) + b"]"
 
     # --- the sink ---------------------------------------------------------------------------------
 
@@ -71,14 +73,15 @@ class EventLog:
         if self.on_begin is not None:
             await self.on_begin()
 
-    async def send(self, items: list[dict[str, Any]]) -> None:
+    async def send(self, items: list[dict[str, Any] | bytes]) -> None:
         self._publish(_frames(items))
 
-    async def end(self, items: list[dict[str, Any]], failed: bool) -> None:
+    async def end(self, items: list[dict[str, Any] | bytes], failed: bool) -> None:
         self.ending = True
         frames = _frames(items)
-        if items and items[-1].get("type") in TERMINAL_EVENTS:
-            final = orjson.loads(_json(frames[-1]))["response"]  # what followers will read, not the live dicts
+        last = items[-1] if items else None
+        if isinstance(last, dict) and last.get("type") in TERMINAL_EVENTS:
+            final = orjson.loads(frame_json(frames[-1]))["response"]  # what followers will read, not the live dicts
             await self._save(final, self.blob(frames))
             self.final = final
         self._publish(frames)
@@ -108,13 +111,8 @@ def sse_frames(events: list[dict[str, Any]]) -> bytes:
     return encode_events(events)
 
 
-def _frames(items: list[dict[str, Any]]) -> list[bytes]:
-    return [encode_events((item,)) for item in items]
-
-
-def _json(frame: bytes) -> bytes:
-    """An SSE frame's data: the event's JSON."""
-    return frame[frame.index(b"\ndata: ") + 7:-2]
+def _frames(items: list[dict[str, Any] | bytes]) -> list[bytes]:
+    return [item if type(item) is bytes else encode_events((item,)) for item in items]
 
 
 @dataclass(slots=True)

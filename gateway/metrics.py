@@ -162,6 +162,10 @@ class ReportCounters:
             self.add(report)
             self.flush()
 
+    def add_from_ids(self, count: int) -> None:
+        """`add` of a report of `count` tokens read from their ids and nothing else."""
+        self._pending[0] += count
+
     def add(self, report: TranslationReport | None) -> None:
         if report is None:
             return

@@ -30,11 +30,15 @@ def encode_event(event: dict[str, Any]) -> bytes:
     return encode_events((event,))
 
 
-def encode_events(events: Iterable[dict[str, Any]]) -> bytes:
-    """Frames one after another, as `encode_event` makes each, joined in one copy."""
+def encode_events(events: Iterable[dict[str, Any] | bytes]) -> bytes:
+    """Frames one after another, as `encode_event` makes each, joined in one copy. An event already
+    written as its frame (bytes: see ResponsesStream.text_frame) is copied as it is."""
     parts: list[bytes] = []
     dumps = orjson.dumps
     for event in events:
+        if type(event) is bytes:
+            parts.append(event)
+            continue
         kind = event["type"]
         if kind in _REPEATING:
             event = _with_shared_logprobs(event)
@@ -44,7 +48,12 @@ def encode_events(events: Iterable[dict[str, Any]]) -> bytes:
     return b"".join(parts)
 
 
-def encode_pieces(events: Iterable[dict[str, Any]]) -> list[bytes]:
+def frame_json(frame: bytes) -> bytes:
+    """An SSE frame's data: the event's JSON (a frame as `encode_events` writes it, one data line)."""
+    return frame[frame.index(b"\ndata: ") + 7:-2]
+
+
+def encode_pieces(events: Iterable[dict[str, Any] | bytes]) -> list[bytes]:
     """The bytes of `encode_events(events)` as pieces to write one after another, where a long
     `logprobs` list (its JSON at least `SPLIT_AT` bytes) is a piece of its own, one bytes object
     that every frame repeating the list refers to: the four frames closing a 1,000-token message
@@ -54,6 +63,9 @@ def encode_pieces(events: Iterable[dict[str, Any]]) -> list[bytes]:
     dumps = orjson.dumps
     known: dict[int, tuple[Any, bytes]] = {}  # id of a list or Fragment seen in this call -> (it, its JSON)
     for event in events:
+        if type(event) is bytes:  # a frame already written (see encode_events)
+            run.append(event)
+            continue
         kind = event["type"]
         if kind not in _REPEATING:
             run += (_head(kind), dumps(event), b"\n\n")

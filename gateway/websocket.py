@@ -36,6 +36,7 @@ from aiohttp import WSMsgType, web
 from gateway.app import RESPONSES_FRAMING, STATE, ClientGone, serve_generation
 from gateway.errors import GatewayError, bad_request
 from gateway.middleware import access_line
+from gateway.sse import frame_json
 from gateway.stored_routes import STORED_STATUSES, Turn, begin_turn, expand_turn_compactions, turn_input_items
 from gateway.translate.front_doors import generation_from_responses, responses_settings
 from gateway.translate.fronts import ResponsesFront
@@ -57,27 +58,29 @@ class _WebSocketSink:
     """The stream loop's sink for one turn: each event one text message, in order."""
 
     __slots__ = ("failed", "final", "ws")
+    takes_frames = True  # each sent as its JSON (the frame's data line)
 
     def __init__(self, ws: web.WebSocketResponse) -> None:
         self.ws = ws
         self.final: dict[str, Any] | None = None
         self.failed = False
 
-    async def begin(self, items: list[dict[str, Any]]) -> None:
+    async def begin(self, items: list[dict[str, Any] | bytes]) -> None:
         send = self.ws.send_frame
         try:
             for item in items:
-                await send(orjson.dumps(item), WSMsgType.TEXT)
+                await send(frame_json(item) if type(item) is bytes else orjson.dumps(item), WSMsgType.TEXT)
         except ConnectionResetError:  # aiohttp's is a ClientError: the loop would blame the upstream
             raise ClientGone("the client closed the WebSocket") from None
 
     send = begin
 
-    async def end(self, items: list[dict[str, Any]], failed: bool) -> None:
+    async def end(self, items: list[dict[str, Any] | bytes], failed: bool) -> None:
         self.failed = failed
-        if items and isinstance(items[-1].get("response"), dict):
+        last = items[-1] if items else None
+        if isinstance(last, dict) and isinstance(last.get("response"), dict):
             # Plain JSON values (the live dicts may hold pre-serialized logprobs) for the cache.
-            self.final = orjson.loads(orjson.dumps(items[-1]["response"]))
+            self.final = orjson.loads(orjson.dumps(last["response"]))
         await self.begin(items)
 
 

@@ -20,7 +20,7 @@ from gateway.logprobs.demo_vocab import build_demo_vocab
 from gateway.logprobs.report import TranslationReport
 from gateway.simulator.vllm import create_app as create_simulator
 from gateway.sse import MAX_EVENT_BYTES, _events, data_batches, data_payloads, split_events
-from gateway.upstreams.openai_compatible import _FROM_IDS_REPORTS
+from gateway.upstreams.base import _FROM_IDS_REPORTS
 
 MODEL = "demo-model"
 
@@ -210,6 +210,9 @@ async def test_the_same_bytes_whether_the_upstream_sends_one_event_per_read_or_a
     # then the closing events with the end of the chunked body; one by one: a write per event.
     assert many > 20 and few < many / 4
     assert ids_one == ids_all == ids_uneven > 0  # the counters end the same, however often they were updated
+    # ... and count every output token (each read from its id), whether its chunk became a frame or a Step
+    usage = re.findall(rb'"output_tokens":(\d+)', one_by_one)[-1]
+    assert ids_one == int(usage) == 40
     # A chunk read from ids shares its count's report with every other such chunk: none may have changed it.
     assert _FROM_IDS_REPORTS  # these streams' chunks went that way
     assert all(report == TranslationReport(from_ids=count) for count, report in _FROM_IDS_REPORTS.items())

@@ -6,18 +6,22 @@ chunks or completion chunks; `final` gives the non-streamed body, `fail` the in-
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from gateway.canonical.generation import Generation
 from gateway.canonical.step import Step
 from gateway.errors import GatewayError
+from gateway.logprobs.compiled import TokenBatch
 from gateway.logprobs.tokens import Token
 from gateway.logprobs.vocab import Vocab
 from gateway.translate.chat_front import ChatStream
 from gateway.translate.completions_front import CompletionsStream
 from gateway.translate.response_object import ResponseSettings, usage_object
 from gateway.translate.stream import ResponsesStream
+
+# (text, tokens) of a stream chunk -> its event already written as an SSE frame, or None: `feed_step` it.
+FrameWriter = Callable[[str, TokenBatch], "bytes | None"]
 
 
 class FrontTranslator(Protocol):
@@ -28,6 +32,7 @@ class FrontTranslator(Protocol):
     def echo(self, text: str, tokens: list[Token]) -> list[dict[str, Any]]: ...
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]: ...
     def feed_step(self, step: Step) -> list[dict[str, Any]]: ...
+    def frame_writer(self) -> FrameWriter | None: ...
     def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]: ...
     def final(self, finish_reason: str | None, usage: dict[str, Any] | None) -> dict[str, Any]: ...
     def fail(self, message: str, error: GatewayError | None = None) -> list[dict[str, Any]]: ...
@@ -56,6 +61,10 @@ class _Front:
     def start(self) -> list[dict[str, Any]]:
         return self.stream.start()
 
+    def frame_writer(self) -> FrameWriter | None:
+        """Where the usual stream chunk (text and a TokenBatch, nothing else) can go straight to its SSE frame."""
+        return None
+
     def echo(self, text: str, tokens: list[Token]) -> list[dict[str, Any]]:
         return []  # only legacy completions shows the prompt
 
@@ -80,6 +89,9 @@ class ResponsesFront(_Front):
         self.stream = ResponsesStream(settings, vocab=vocab, serialized=serialized, deltas=deltas)
         # A stream's message keeps its tokens as ids and writes each delta's JSON from them (see stream.py).
         self.takes_token_batches = serialized and deltas
+
+    def frame_writer(self) -> FrameWriter | None:
+        return self.stream.text_frame if self.takes_token_batches else None
 
     def feed_step(self, step: Step) -> list[dict[str, Any]]:
         """Reasoning, then message text, then tool calls: the order a model writes them in."""

@@ -88,16 +88,15 @@ class TextGrouper:
 
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[Group]:
         """One upstream step: its tokens (exact bytes where known) and the text it reported. A TokenBatch
-        of one visible token is grouped as a batch (`_feed_batch`); any other is read as its Tokens."""
-        self._count_upstream(upstream_text)
+        of one visible token is grouped as a batch (`feed_batch`); any other is read as its Tokens."""
         if type(tokens) is TokenBatch:
-            if self._first_token_seen and not self._text_led:
-                groups = self._feed_batch(tokens)
-                if groups is not None:
-                    return groups
+            groups = self.feed_batch(tokens, upstream_text)
+            if groups is not None:
+                return groups
             tokens = tokens.tokens()  # type: ignore[attr-defined]
         elif type(tokens) is not list:
             tokens = list(tokens)
+        self._count_upstream(upstream_text)
         if self._pending_batch is not None:
             self._unbatch_pending()
         if len(tokens) == 1 and self._first_token_seen and not self._pending and not self._text_led:
@@ -156,26 +155,28 @@ class TextGrouper:
                 self._emit_final(groups, text, used)
         return groups
 
-    def _feed_batch(self, batch: TokenBatch) -> list[Group] | None:
-        """A step of one visible token as a TokenBatch (the usual stream chunk) grouped as the loop in `feed`
-        groups its Token, the batch kept whole: its own group when its bytes end a character and nothing
-        waits; else it waits, joined to the batch of the tokens before it, until a character ends. None
-        (nothing changed) for any other step: `feed` reads it as Tokens."""
+    def feed_batch(self, batch: TokenBatch, upstream_text: str) -> list[Group] | None:
+        """`feed` of the usual stream chunk: one visible token as a TokenBatch, grouped as the loop in `feed`
+        groups its Token, the batch kept whole. Its own group when its bytes end a character and nothing
+        waits; else it waits, joined to the batch of the tokens before it, until a character ends (at most
+        one group). None, nothing changed, for any other step: `feed` reads it as Tokens."""
+        if self._pending or self._text_led or not self._first_token_seen:
+            return None
         data = batch.sole_visible_bytes()  # type: ignore[attr-defined]
         if data is None:
             return None
         waiting = self._pending_batch
         if waiting is None:
-            if self._pending:
-                return None
             text, used = _final_prefix(data)
             if used == len(data):
+                groups: list[Group] = [(text, batch)]
                 self._emitted_chars += len(text)
-                return [(text, batch)]
-            # It waits whole (one token cannot be cut, even after bytes no token can mend: see _emit_final).
-            self._pending_batch, self._pending_sizes = batch, [len(data)]
-            self._pending_bytes += data
-            return []
+            else:  # it waits whole (one token cannot be cut, even after bytes no token can mend: see _emit_final)
+                self._pending_batch, self._pending_sizes = batch, [len(data)]
+                self._pending_bytes += data
+                groups = []
+            self._count_upstream(upstream_text)
+            return groups
         joined = self._pending_bytes + data
         text, used = _final_prefix(joined)
         sizes = self._pending_sizes
@@ -184,6 +185,7 @@ class TextGrouper:
                 return None
             self._pending_batch, self._pending_bytes = None, bytearray()
             self._emitted_chars += len(text)
+            self._count_upstream(upstream_text)
             return [(text, waiting)]
         if used and _clean_cut([*sizes, len(data)], joined, text, used) is not None:
             return None  # the loop cuts the final bytes off (a U+FFFD's group) and keeps the rest waiting
@@ -191,6 +193,7 @@ class TextGrouper:
             return None
         sizes.append(len(data))
         self._pending_bytes = joined
+        self._count_upstream(upstream_text)
         return []
 
     def _unbatch_pending(self) -> None:

@@ -46,6 +46,7 @@ from gateway.translate.tools import InputStream
 _MESSAGE = "message"
 _TOKEN_SEQUENCES = (list, TokenBatch)  # what a group's tokens are (see grouping.Group)
 _TEXT_PIECES = 64  # the message's text is joined whenever this many pieces wait
+_DELTA_FRAME_HEAD = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":'
 
 
 @dataclass(slots=True)
@@ -123,6 +124,12 @@ class _MessageLogprobs:
         self._joined = self._joined_from = None
         return orjson.Fragment(render_responses_json(tokens, self.k))
 
+    def delta_json(self, batch: TokenBatch) -> bytes:
+        """`delta(batch)`'s JSON, for a serialized stream's batch (see ResponsesStream.text_frame)."""
+        self._packed.extend(batch)
+        self._joined = self._joined_from = None
+        return batch.render_json(self.k, orjson.dumps)  # type: ignore[attr-defined,no-any-return]
+
     def keep(self, tokens: list[Token]) -> None:
         """Tokens of text that gets no delta event: rendered with the rest when the list is asked for."""
         self._joined = self._joined_from = None
@@ -187,6 +194,9 @@ class ResponsesStream:
         table = id_table(vocab)[0] if vocab is not None and serialized and deltas else None
         self._logprobs = _MessageLogprobs(settings.top_logprobs, serialized, table)
         self._with_deltas = deltas
+        # The open message's `output_text.delta` frame as `text_frame` writes it: its fixed middle part,
+        # set when the message opens (None: no frames, only events).
+        self._frame_middle: bytes | None = None
         self._grouper = TextGrouper(vocab)
         # Output items in order: the message (as _MESSAGE), reasoning items and function calls.
         self._items: list[_Reasoning | _Call | str] = []
@@ -239,6 +249,9 @@ class ResponsesStream:
         if not self._with_deltas:  # (as `start`)
             return events
         index = self._message_index
+        if self._logprobs.serialized:
+            self._frame_middle = b',"item_id":%s,"output_index":%d,"content_index":0,"delta":' % (
+                orjson.dumps(self.message_id), index)
         events.append(self._event("response.output_item.added", output_index=index,
                                   item=message_item(self.message_id, "in_progress", [])))
         events.append(self._event("response.content_part.added", item_id=self.message_id, output_index=index,
@@ -294,11 +307,33 @@ class ResponsesStream:
                                   item=message_item(self.message_id, status, [part])))
         return events
 
-    def _delta(self, text: str, tokens: list[Token]) -> dict[str, Any] | None:
+    def _keep_text(self, text: str) -> None:
         pieces = self._text
         pieces.append(text)
         if len(pieces) >= _TEXT_PIECES:  # one str per character costs ~50 bytes each in a long stream
             pieces[:] = ["".join(pieces)]
+
+    def text_frame(self, upstream_text: str, batch: TokenBatch) -> bytes | None:
+        """The usual chunk of a streamed message, straight to its `response.output_text.delta` frame (the
+        bytes `sse.encode_events` writes for the event `feed` makes of it): one visible token, a TokenBatch,
+        of the open message (`TextGrouper.feed_batch`); empty while it waits for the rest of its character.
+        None, nothing changed, for any other chunk: `feed` it."""
+        middle = self._frame_middle
+        if middle is None or self._open is not _MESSAGE:
+            return None
+        groups = self._grouper.feed_batch(batch, upstream_text)
+        if not groups:
+            return None if groups is None else b""
+        text, tokens = groups[0]
+        self._keep_text(text)
+        entries = self._logprobs.delta_json(tokens) if self.settings.include_logprobs else b"[]"
+        sequence = self._sequence
+        self._sequence = sequence + 1
+        return b"".join((_DELTA_FRAME_HEAD, b"%d" % sequence, middle, orjson.dumps(text), b',"logprobs":', entries,
+                         b"}\n\n"))
+
+    def _delta(self, text: str, tokens: list[Token]) -> dict[str, Any] | None:
+        self._keep_text(text)
         if not self._with_deltas:
             if self.settings.include_logprobs:
                 self._logprobs.keep(tokens)

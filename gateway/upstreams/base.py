@@ -11,11 +11,17 @@ from gateway.canonical.step import Step
 from gateway.errors import GatewayError
 from gateway.logprobs.body_scan import load_json
 from gateway.logprobs.parse import ParseOptions
+from gateway.logprobs.report import TranslationReport
 
 StepParser = Callable[[Mapping[str, Any], ParseOptions, bool], Step]
 BodyLoader = Callable[[bytes, ParseOptions], Any]
 ChunkReader = Callable[[bytes], "Step | None"]
 ChunkReaderFor = Callable[[ParseOptions, bool], "ChunkReader | None"]
+# A stream event of the common shape as its parts: (text, tokens, finish_reason), every token read from its
+# id, the tokens a `TokenBatch` where they can be; `step_of_fields` makes the Step its chunk reader would.
+ChunkFields = tuple[str, Any, "str | None"]
+FieldsReader = Callable[[bytes], "ChunkFields | None"]
+FieldsReaderFor = Callable[[ParseOptions], "FieldsReader | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +35,9 @@ class UpstreamCall:
     that shape); with `batches` its tokens may come as a `TokenBatch` (the same Tokens, kept as ids) for a
     translator that takes one. Made once per stream (`stream_reader`): the tokenizer's tables are looked up
     then, not at every event.
+    `chunk_fields(options)`, where a dialect's `read_chunk` is a Step made of them (`step_of_fields`), gives a
+    reader of the same events' parts (None: none for these options), for a caller that takes the usual chunk
+    as they are and makes the Step only for the others.
     `streamed_whole`: the body asks for a stream although the client's answer is whole; the shell reads
     it to its end and `parse` gets the list of its events, each loaded (llama.cpp: see llamacpp.py).
     """
@@ -39,12 +48,17 @@ class UpstreamCall:
     load: BodyLoader = load_json
     read_chunk: ChunkReaderFor | None = None
     streamed_whole: bool = False
+    chunk_fields: FieldsReaderFor | None = None
 
     def read(self, raw: bytes, options: ParseOptions, streaming: bool) -> Step:
         """One body or stream event's bytes -> a Step."""
         if streaming:
             return self.stream_reader(options)(raw)
         return self.parse(self.load(raw, options), options, streaming=False)
+
+    def fields_reader(self, options: ParseOptions) -> FieldsReader | None:
+        """`chunk_fields(options)`, where the dialect has one."""
+        return self.chunk_fields(options) if self.chunk_fields is not None else None
 
     def stream_reader(self, options: ParseOptions, batches: bool = False) -> Callable[[bytes], Step]:
         """`read(raw, options, True)` as one function of the event's bytes, for a stream's loop (it runs
@@ -63,6 +77,28 @@ class UpstreamCall:
             return step if step is not None else read_any(raw)
 
         return read
+
+
+def step_of_fields(fields: ChunkFields) -> Step:
+    """The Step of a stream event read as its parts (see ChunkFields)."""
+    text, tokens, finish_reason = fields
+    step = Step(text, tokens, finish_reason)
+    step.report = from_ids_report(len(tokens))  # set, not passed: a keyword argument doubles the cost of the call
+    return step
+
+
+# One report per count, shared by the chunks (nearly all of one token or none) instead of one made per chunk:
+# a report is only ever read once parsing has made it (summed into the metrics, or merged into another).
+_FROM_IDS_REPORTS: dict[int, TranslationReport] = {}
+
+
+def from_ids_report(count: int) -> TranslationReport:
+    report = _FROM_IDS_REPORTS.get(count)
+    if report is None:
+        report = TranslationReport(from_ids=count)
+        if count < 64:
+            _FROM_IDS_REPORTS[count] = report
+    return report
 
 
 def unsupported(message: str, param: str) -> GatewayError:

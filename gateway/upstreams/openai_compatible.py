@@ -21,11 +21,19 @@ from gateway.logprobs.body_scan import load_chat_body, load_completions_body
 from gateway.logprobs.compiled import TokenBatch, fastpath
 from gateway.logprobs.parse import LogprobParseError, Parsed, ParseOptions, id_table, parse_chat, parse_completions
 from gateway.logprobs.realign import realign
-from gateway.logprobs.report import TranslationReport
 from gateway.logprobs.segment import HELD_BYTES, split_content
 from gateway.logprobs.spellings import looks_like_special
 from gateway.logprobs.tokens import Origin, Token
-from gateway.upstreams.base import ChunkReader, ChunkReaderFor, UpstreamCall, unsupported
+from gateway.upstreams.base import (
+    ChunkFields,
+    ChunkReader,
+    ChunkReaderFor,
+    FieldsReader,
+    FieldsReaderFor,
+    UpstreamCall,
+    step_of_fields,
+    unsupported,
+)
 from gateway.upstreams.verdicts import rejected
 
 
@@ -136,11 +144,24 @@ def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool
     return step
 
 
-def _chunk_reader(options: ParseOptions, batches: bool, completions: bool) -> ChunkReader | None:
+def _chunk_fields(options: ParseOptions, completions: bool) -> FieldsReader | None:
     """A reader of stream chunks of the common shape (text and `token_id:N` logprobs, nothing else): the
-    compiled reader (`_fastpath_json.c`) straight to the Step `chat_step` (or `completions_step`) makes
-    of one, its tokens a `TokenBatch` with `batches`; None for any other chunk. None without the compiled
-    twin or a tokenizer."""
+    compiled reader (`_fastpath_json.c`) straight to their parts, their tokens a `TokenBatch` (see
+    ChunkFields); None for any other chunk. None without the compiled twin or a tokenizer."""
+    if fastpath is None or options.vocab is None:
+        return None
+    table, flags = id_table(options.vocab)
+    read_fields = fastpath.read_chunk
+
+    def read(raw: bytes) -> ChunkFields | None:
+        return read_fields(raw, completions, table, flags, True) if type(raw) is bytes else None
+
+    return read
+
+
+def _chunk_reader(options: ParseOptions, batches: bool, completions: bool) -> ChunkReader | None:
+    """The Step `chat_step` (or `completions_step`) makes of a chunk of the common shape, read by the compiled
+    reader (its tokens a `TokenBatch` with `batches`); None for any other chunk (see `_chunk_fields`)."""
     if fastpath is None or options.vocab is None:
         return None
     table, flags = id_table(options.vocab)
@@ -150,32 +171,15 @@ def _chunk_reader(options: ParseOptions, batches: bool, completions: bool) -> Ch
         if type(raw) is not bytes:
             return None
         fields = read_fields(raw, completions, table, flags, batches)
-        if fields is None:
-            return None
-        text, tokens, finish_reason = fields
-        step = Step(text, tokens, finish_reason)
-        step.report = _from_ids_report(len(tokens))
-        return step
+        return None if fields is None else step_of_fields(fields)
 
     return read
 
 
-# One report per count, shared by the chunks (nearly all of one token or none) instead of one made per chunk:
-# a report is only ever read once parsing has made it (summed into the metrics, or merged into another).
-_FROM_IDS_REPORTS: dict[int, TranslationReport] = {}
-
-
-def _from_ids_report(count: int) -> TranslationReport:
-    report = _FROM_IDS_REPORTS.get(count)
-    if report is None:
-        report = TranslationReport(from_ids=count)
-        if count < 64:
-            _FROM_IDS_REPORTS[count] = report
-    return report
-
-
 chat_chunk_reader: ChunkReaderFor = functools.partial(_chunk_reader, completions=False)
 completions_chunk_reader: ChunkReaderFor = functools.partial(_chunk_reader, completions=True)
+chat_chunk_fields: FieldsReaderFor = functools.partial(_chunk_fields, completions=False)
+completions_chunk_fields: FieldsReaderFor = functools.partial(_chunk_fields, completions=True)
 
 
 def _hide_control(token: Token) -> Token:
@@ -350,7 +354,8 @@ def chat_call(flavor: Flavor, gen: Generation, upstream_model: str, *, cap: int 
     elif not flavor.text_bounds_entries:
         call = UpstreamCall("/v1/chat/completions", body, functools.partial(chat_step, bound=False), load_chat_body)
     else:
-        call = UpstreamCall("/v1/chat/completions", body, chat_step, load_chat_body, chat_chunk_reader)
+        call = UpstreamCall("/v1/chat/completions", body, chat_step, load_chat_body, chat_chunk_reader,
+                            chunk_fields=chat_chunk_fields)
     return flavor.adapt(call, gen) if flavor.adapt is not None else call
 
 
@@ -438,5 +443,6 @@ def completions_call(flavor: Flavor, gen: Generation, upstream_model: str, promp
     if flavor.chat_shaped_completions:  # llama.cpp's chat-shaped completions logprobs are Python's to read
         call = UpstreamCall("/v1/completions", body, parse)
     else:
-        call = UpstreamCall("/v1/completions", body, parse, load_completions_body, completions_chunk_reader)
+        call = UpstreamCall("/v1/completions", body, parse, load_completions_body, completions_chunk_reader,
+                            chunk_fields=completions_chunk_fields)
     return flavor.adapt(call, gen) if flavor.adapt is not None else call
