@@ -102,13 +102,16 @@ class _Framing:
     named_events: bool
 
     def encode(self, items: list[dict[str, Any] | bytes]) -> bytes:
-        """(Frames already written come only to named events: see SSESink.takes_frames.)"""
+        """The frames of `items`; an item already written as its frame (bytes) is copied as it is."""
         if self.named_events:
             return encode_events(items)
         parts: list[bytes] = []
         dumps = orjson.dumps
         for item in items:
-            parts += (b"data: ", dumps(item), b"\n\n")
+            if type(item) is bytes:
+                parts.append(item)
+            else:
+                parts += (b"data: ", dumps(item), b"\n\n")
         return b"".join(parts)  # one copy of all the frames
 
     def pieces(self, items: list[dict[str, Any] | bytes]) -> list[bytes]:
@@ -776,13 +779,13 @@ _SLICE = 64 * 1024  # aiohttp's write copies what it is given (chunk header join
 class SSESink:
     """The HTTP stream: `text/event-stream` frames, one write per network read."""
 
-    __slots__ = ("framing", "request", "response", "takes_frames")
+    __slots__ = ("framing", "request", "response")
+    takes_frames = True  # (a front door's frames are in its framing)
 
     def __init__(self, request: web.Request, framing: _Framing) -> None:
         self.request = request
         self.framing = framing
         self.response: web.StreamResponse | None = None
-        self.takes_frames = framing.named_events
 
     async def begin(self, items: list[dict[str, Any]]) -> None:
         # With events to send at once, the headers go out with them, in one write; else straight away.

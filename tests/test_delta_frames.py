@@ -1,7 +1,7 @@
-"""The usual stream chunk goes straight to its `response.output_text.delta` frame (the upstream's
-`chunk_fields`, `ResponsesFront.frame_writer`), as the server's stream loop takes it; every other chunk is
-fed as a Step. The client must get the same bytes as when every chunk is fed as a Step and its events
-encoded, and the counters the same counts.
+"""The usual stream chunk goes straight to its frame (the upstream's `chunk_fields`, the front door's
+`frame_writer`: a Responses `response.output_text.delta`, a chat `data:` chunk), as the server's stream loop
+takes it; every other chunk is fed as a Step. The client must get the same bytes as when every chunk is fed
+as a Step and its events encoded, and the counters the same counts.
 
 Real upstream bytes: the vLLM simulator's chat and completions streams (token-id logprobs, as the
 gateway asks for them), with text whose characters span tokens and steps of several tokens, so that both
@@ -14,13 +14,14 @@ import re
 import aiohttp
 import pytest
 
+from gateway.app import OPENAI_CHUNK_FRAMING, RESPONSES_FRAMING
 from gateway.canonical.generation import Generation
 from gateway.logprobs.compiled import fastpath
 from gateway.logprobs.demo_vocab import build_demo_vocab
 from gateway.logprobs.parse import ParseOptions
 from gateway.simulator.vllm import create_app as create_simulator
-from gateway.sse import encode_events, split_events
-from gateway.translate.fronts import ResponsesFront
+from gateway.sse import split_events
+from gateway.translate.fronts import ChatFront, FrontTranslator, ResponsesFront
 from gateway.translate.response_object import ResponseSettings
 from gateway.upstreams.base import step_of_fields
 from gateway.upstreams.dispatch import build_call
@@ -31,15 +32,19 @@ MODEL = "demo-model"
 PROMPT = "say something"
 # ASCII words, then characters of 2, 3 and 4 bytes, which the demo tokenizer spells in pieces.
 REPLY = "Hello there, café and naïve; 日本語のテキスト 🎉🎉 and back to plain words. " * 2
-_RANDOM = re.compile(rb'"(resp|msg)_[0-9a-f]{48}"|"(created_at|completed_at)":\d+')
+_RANDOM = re.compile(rb'"(resp|msg|chatcmpl)_[0-9a-f]{48}"|"(created_at|completed_at|created)":\d+')
+
+
+def _generation(k: int) -> Generation:
+    return Generation(model=MODEL, messages=[{"role": "user", "content": PROMPT}], plain_input=PROMPT, max_tokens=120,
+                      logprobs=k > 0, top_k_logprobs=k, stream=True)
 
 
 async def _upstream_payloads(aiohttp_server, vocab, api: str, tokens_per_step, k: int) -> tuple[list[bytes], object]:
     simulator = await aiohttp_server(create_simulator(vocab, MODEL, default_reply=REPLY,
                                                       tokens_per_step=tokens_per_step))
-    gen = Generation(model=MODEL, messages=[{"role": "user", "content": PROMPT}], plain_input=PROMPT, max_tokens=120,
-                     logprobs=k > 0, top_k_logprobs=k, stream=True)
-    call = build_call(gen, "vllm", api, MODEL, cap=20, token_ids=True, k_param="top_logprobs", prompt=lambda: PROMPT)
+    call = build_call(_generation(k), "vllm", api, MODEL, cap=20, token_ids=True, k_param="top_logprobs",
+                      prompt=lambda: PROMPT)
     async with aiohttp.ClientSession() as session, session.post(
             str(simulator.make_url(call.path)), json={**call.body, "model": MODEL}) as reply:
         assert reply.status == 200, await reply.text()
@@ -48,14 +53,21 @@ async def _upstream_payloads(aiohttp_server, vocab, api: str, tokens_per_step, k
     return payloads, call
 
 
-def _front(vocab, k: int) -> ResponsesFront:
+def _front(door: str, vocab, k: int) -> FrontTranslator:
+    """The front door as the server streams it."""
+    if door == "chat":
+        return ChatFront(_generation(k), include_usage=True, vocab=vocab)
     settings = ResponseSettings(model=MODEL, top_logprobs=k, include_logprobs=k > 0)
-    return ResponsesFront(settings, vocab, serialized=True, deltas=True)  # as the server streams
+    return ResponsesFront(settings, vocab, serialized=True, deltas=True)
 
 
-def _as_events(payloads, call, vocab, k: int) -> tuple[bytes, int]:
+def _encode(door: str, items: list) -> bytes:
+    return (OPENAI_CHUNK_FRAMING if door == "chat" else RESPONSES_FRAMING).encode(items)
+
+
+def _as_events(door: str, payloads, call, vocab, k: int) -> tuple[bytes, int]:
     """Every chunk a Step, fed, its events encoded."""
-    front = _front(vocab, k)
+    front = _front(door, vocab, k)
     read = call.stream_reader(ParseOptions(vocab=vocab), front.takes_token_batches)
     items, from_ids, finish = front.start(), 0, None
     for data in payloads:
@@ -64,12 +76,12 @@ def _as_events(payloads, call, vocab, k: int) -> tuple[bytes, int]:
         items += front.feed_step(step)
         finish = step.finish_reason or finish
     items += front.finish(finish, None)
-    return encode_events(items), from_ids
+    return _encode(door, items), from_ids
 
 
-def _as_frames(payloads, call, vocab, k: int) -> tuple[bytes, int, int, int, int]:
+def _as_frames(door: str, payloads, call, vocab, k: int) -> tuple[bytes, int, int, int, int]:
     """As the server's stream loop: the usual chunk straight to its frame, any other a Step."""
-    front = _front(vocab, k)
+    front = _front(door, vocab, k)
     options = ParseOptions(vocab=vocab)
     read, fields_of, frame_of = call.stream_reader(options, True), call.fields_reader(options), front.frame_writer()
     assert fields_of is not None and frame_of is not None
@@ -95,17 +107,19 @@ def _as_frames(payloads, call, vocab, k: int) -> tuple[bytes, int, int, int, int
         items += front.feed_step(step)
         finish = step.finish_reason or finish
     items += front.finish(finish, None)
-    return encode_events(items), from_ids, framed, fed, waited
+    return _encode(door, items), from_ids, framed, fed, waited
 
 
+@pytest.mark.parametrize("door", ["responses", "chat"])
 @pytest.mark.parametrize("api", ["chat", "completions"])
 @pytest.mark.parametrize("tokens_per_step", [1, "vary"])
 @pytest.mark.parametrize("k", [0, 3])
-async def test_a_stream_written_as_frames_is_the_stream_written_as_events(aiohttp_server, api, tokens_per_step, k):
+async def test_a_stream_written_as_frames_is_the_stream_written_as_events(aiohttp_server, door, api, tokens_per_step,
+                                                                         k):
     vocab = build_demo_vocab()
     payloads, call = await _upstream_payloads(aiohttp_server, vocab, api, tokens_per_step, k)
-    events, ids_events = _as_events(payloads, call, vocab, k)
-    frames, ids_frames, framed, fed, waited = _as_frames(payloads, call, vocab, k)
+    events, ids_events = _as_events(door, payloads, call, vocab, k)
+    frames, ids_frames, framed, fed, waited = _as_frames(door, payloads, call, vocab, k)
     assert _RANDOM.sub(b"<random>", frames) == _RANDOM.sub(b"<random>", events)
     assert ids_frames == ids_events > 0
     # Both ways were taken, and frames that wait for the rest of a character: the test compares something.

@@ -53,6 +53,12 @@ class ChatStream:
         self._entries: list[dict[str, Any]] = []
         self._reasoning: list[str] = []
         self._tool_calls: dict[int, dict[str, Any]] = {}  # upstream index -> the call so far
+        self._frame_head = self._frame_tail = b""  # a text chunk's frame around its text and logprobs (text_frame)
+        if not keep_for_final:
+            self._frame_head = b'data: {"id":%s,"object":"chat.completion.chunk","created":%d,"model":%s,' \
+                               b'"choices":[{"index":0,"delta":{"content":' % (orjson.dumps(self.id), self.created,
+                                                                               orjson.dumps(model))
+            self._frame_tail = b',"finish_reason":null}]%s}\n\n' % (b',"usage":null' if include_usage else b"")
 
     def _chunk(self, delta: dict[str, Any], logprobs: Any, finish_reason: str | None = None) -> dict[str, Any]:
         chunk: dict[str, Any] = {
@@ -87,6 +93,22 @@ class ChatStream:
 
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]:
         return self._groups_to_chunks(self._grouper.feed(tokens, upstream_text))
+
+    def text_frame(self, upstream_text: str, batch: TokenBatch) -> bytes | None:
+        """A stream's usual chunk, one visible token as a TokenBatch (`TextGrouper.feed_batch`), straight to
+        the `data:` frame of the chunk `feed` would make of it; empty while it waits for the rest of its
+        character. None, nothing changed, for any other: `feed` it."""
+        if self._keep:
+            return None
+        groups = self._grouper.feed_batch(batch, upstream_text)
+        if not groups:
+            return None if groups is None else b""
+        text, tokens = groups[0]
+        if self.logprobs:
+            logprobs = b'{"content":%s,"refusal":null}' % render_responses_json(tokens, self.k)
+        else:
+            logprobs = b"null"
+        return b"".join((self._frame_head, orjson.dumps(text), b'},"logprobs":', logprobs, self._frame_tail))
 
     def feed_reasoning(self, text: str | None) -> list[dict[str, Any]]:
         """A reasoning model's thinking, as vLLM's chat API spells it (`reasoning_content`), no logprobs."""

@@ -20,7 +20,8 @@ from gateway.translate.completions_front import CompletionsStream
 from gateway.translate.response_object import ResponseSettings, usage_object
 from gateway.translate.stream import ResponsesStream
 
-# (text, tokens) of a stream chunk -> its event already written as an SSE frame, or None: `feed_step` it.
+# (text, tokens) of a stream chunk -> what feed_step would make of it, already written as its SSE frame
+# (empty: nothing yet); None: `feed_step` it.
 FrameWriter = Callable[[str, TokenBatch], "bytes | None"]
 
 
@@ -119,6 +120,9 @@ class ChatFront(_Front):
         self.stream = ChatStream(gen.model, logprobs=gen.logprobs, top_logprobs=gen.top_k_logprobs,
                                  include_usage=include_usage, vocab=vocab, keep_for_final=not gen.stream)
         self.takes_token_batches = gen.stream  # a stream's entries are written from the ids (see ChatStream)
+
+    def frame_writer(self) -> FrameWriter | None:
+        return self.stream.text_frame if self.takes_token_batches else None
 
     def feed_step(self, step: Step) -> list[dict[str, Any]]:
         if not step.reasoning and not step.tool_calls:
