@@ -3,6 +3,7 @@
 import pytest
 
 from gateway.config import ConfigError, load_config, parse_config
+from gateway.logprobs.parse import _ID_TABLES
 from gateway.routing import build_routes
 
 GOOD = """
@@ -28,6 +29,8 @@ def test_good_config_loads_and_resolves_relative_paths(tmp_path):
     assert config.upstreams["qwen-vllm"].urls == ["http://127.0.0.1:8000"]
     route = build_routes(config)["Qwen/Qwen2-0.5B"]
     assert route.upstream_model == "Qwen/Qwen2-0.5B" and route.vocab is not None
+    # Its id table is built at start (before workers fork), not on the first request.
+    assert route.vocab in _ID_TABLES
     assert route.chat_template.render([{"role": "user", "content": "hi"}]) == "hi"
 
 
