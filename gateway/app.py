@@ -647,7 +647,7 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
         # frames and the call reads chunks as their parts: no Step, no event dict.
         frame_of = front.frame_writer() if sink.takes_frames else None
         fields_of = call.fields_reader(options) if frame_of is not None else None
-        from_ids = 0  # tokens of the frames written from their ids, not counted in `reports` yet
+        add_from_ids = reports.add_from_ids  # (a frame's tokens were all read from their ids)
         # What parsing repaired reaches the counters at most a second late (and all of it at the end).
         flush_at = read_at = time.monotonic()
         flush_at += _REPORT_FLUSH_SECONDS
@@ -659,7 +659,7 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
                         if fields[2] is None and (frame := frame_of(fields[0], fields[1])) is not None:
                             count = len(fields[1])
                             unsent += count
-                            from_ids += count
+                            add_from_ids(count)
                             if frame:  # (empty: its token waits for the rest of its character)
                                 items.append(frame)
                                 if exchange.first_token_at is None:
@@ -679,9 +679,6 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
                             exchange.first_token_at = time.perf_counter()
                         items += made
                     finish_reason = step.finish_reason or finish_reason
-                if from_ids:
-                    reports.add_from_ids(from_ids)
-                    from_ids = 0
                 read_at = time.monotonic()
                 if read_at >= flush_at:
                     reports.flush()

@@ -221,13 +221,14 @@ async def test_the_same_bytes_whether_the_upstream_sends_one_event_per_read_or_a
 async def test_a_broken_event_in_a_read_still_sends_the_events_before_it(aiohttp_server, vocab, writes):
     frames = await _recorded_frames(aiohttp_server, vocab)
     broken = [*frames[:10], b"data: {not json\n\n", *frames[10:]]
-    data, count, _ = await _through_gateway(aiohttp_server, broken, [len(broken)], writes)
+    data, count, ids_broken = await _through_gateway(aiohttp_server, broken, [len(broken)], writes)
     events = re.findall(rb"^event: (\S+)$", data, flags=re.M)
     assert events[-1] == b"response.failed" and b"response.completed" not in events
     deltas = events.count(b"response.output_text.delta")
     assert deltas > 0  # the good chunks before the broken one reached the client
-    good, _, _ = await _through_gateway(aiohttp_server, [*frames[:10], b"data: [DONE]\n\n"], [1] * 11, writes)
+    good, _, ids_good = await _through_gateway(aiohttp_server, [*frames[:10], b"data: [DONE]\n\n"], [1] * 11, writes)
     assert deltas == re.findall(rb"^event: (\S+)$", good, flags=re.M).count(b"response.output_text.delta")
+    assert ids_broken == ids_good > 0  # the tokens read before the broken event (in the same read) are counted
     assert count < 10  # not one write per event
 
 
