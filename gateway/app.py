@@ -87,6 +87,7 @@ class GatewayState:
     probes: list[asyncio.Task] = field(default_factory=list)
     health_checks: list[asyncio.Task] = field(default_factory=list)  # per replica set (start_probes)
     loop_lag: LoopLag = field(default_factory=LoopLag)  # a timeout while the loop was stalled is ours
+    stream_endings: set[asyncio.Task] = field(default_factory=set)  # finished streams' bodies read to their end
 
 
 STATE = web.AppKey("gateway_state", GatewayState)
@@ -728,10 +729,46 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
             # The client went away: drop the upstream connection so the server stops generating.
             upstream.close()
             request["log"]["client_disconnected"] = True
+            upstream.release()
+    if failed or upstream.content.at_eof():
         upstream.release()
+    else:  # (the request's figures and the client's next request do not wait for it)
+        ending = asyncio.create_task(_read_to_end(upstream))
+        state.stream_endings.add(ending)
+        ending.add_done_callback(state.stream_endings.discard)
 
 
 _REPORT_FLUSH_SECONDS = 1.0
+
+# After a stream's `[DONE]` comes the end of its chunked body, written just after it (uvicorn, cpp-httplib,
+# hyper), often in a later network read. Read, it lets the connection serve the next request; left unread,
+# aiohttp closes the connection and the next stream connects anew (and, to an https upstream, handshakes).
+_END_WAIT_SECONDS = 0.1
+_END_MAX_BYTES = 64 * 1024
+
+
+async def _read_to_end(upstream: aiohttp.ClientResponse) -> None:
+    """Read what is left of a finished stream's body (its end), so that its connection goes back to the
+    pool; if more comes than an ending, or it takes longer than a moment, the connection is closed instead."""
+    try:
+        await _read_ending(upstream.content)
+    finally:
+        if not upstream.content.at_eof():
+            upstream.close()
+        upstream.release()
+
+
+async def _read_ending(content: aiohttp.StreamReader) -> None:
+    left = _END_MAX_BYTES
+    try:
+        async with asyncio.timeout(_END_WAIT_SECONDS):
+            while not content.at_eof() and left >= 0:
+                data = await content.readany()
+                if not data:
+                    break
+                left -= len(data)
+    except (TimeoutError, aiohttp.ClientError):
+        pass
 
 
 def _stream_failed(request: web.Request, reason: str, code: str | None = None) -> None:
@@ -923,6 +960,7 @@ async def _on_cleanup(app: web.Application) -> None:
     state = app[STATE]
     await stop_probes(state)
     await _cancel(state.probes)
+    await _cancel(list(state.stream_endings))
     for session in (state.session, state.long_stream_session):
         if session is not None:
             await session.close()
