@@ -644,9 +644,9 @@ async def _stream(request: web.Request, state: GatewayState, exchange: _Exchange
         # written yet, so a failure partway through a read still sends the events before it.
         items: list[dict[str, Any] | bytes] = []
         read, feed, reports = call.stream_reader(options, front.takes_token_batches), front.feed_step, exchange.reports
-        # The usual chunk (text and a TokenBatch, nothing else) straight to its frame, where the sink writes
-        # frames and the call reads chunks as their parts: no Step, no event dict.
-        frame_of = front.frame_writer() if sink.takes_frames else None
+        # The usual chunk (text and a TokenBatch, nothing else) straight to its frame, where the front door
+        # writes frames and the call reads chunks as their parts: no Step, no event dict.
+        frame_of = front.frame_writer()
         fields_of = call.fields_reader(options) if frame_of is not None else None
         add_from_ids = reports.add_from_ids  # (a frame's tokens were all read from their ids)
         # What parsing repaired reaches the counters at most a second late (and all of it at the end).
@@ -782,11 +782,10 @@ class EventSink(Protocol):
     in-stream error). An SSE response, a WebSocket, or a background response's event log.
 
     A sink whose client went away raises ClientGone (never aiohttp's ClientError, which the loop
-    would take for the upstream's fault)."""
+    would take for the upstream's fault).
 
-    # `send` and `end` also take events already written as SSE frames (bytes), from a stream loop that
-    # sees `takes_frames`.
-    takes_frames: bool
+    `send` and `end` also take events already written as their frames (bytes: the front door's
+    `frame_writer`, in its framing)."""
 
     async def begin(self, items: list[dict[str, Any]]) -> None: ...
     async def send(self, items: list[dict[str, Any] | bytes]) -> None: ...
@@ -814,7 +813,6 @@ class SSESink:
     """The HTTP stream: `text/event-stream` frames, one write per network read."""
 
     __slots__ = ("framing", "request", "response")
-    takes_frames = True  # (a front door's frames are in its framing)
 
     def __init__(self, request: web.Request, framing: _Framing) -> None:
         self.request = request

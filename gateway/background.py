@@ -44,8 +44,6 @@ class EventLog:
     """A background response's events in sequence order (event i has `sequence_number` i), kept as the
     SSE frames a follower is sent, and the stream loop's sink. Followers wake on each append."""
 
-    takes_frames = True  # (what it keeps)
-
     def __init__(self, save: Save, on_begin: Callable[[], Awaitable[None]] | None = None) -> None:
         self.events: list[bytes] = []  # one SSE frame per event: `event: <type>\ndata: <json>\n\n`
         self.begun = False

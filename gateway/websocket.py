@@ -58,7 +58,6 @@ class _WebSocketSink:
     """The stream loop's sink for one turn: each event one text message, in order."""
 
     __slots__ = ("failed", "final", "ws")
-    takes_frames = True  # each sent as its JSON (the frame's data line)
 
     def __init__(self, ws: web.WebSocketResponse) -> None:
         self.ws = ws
