@@ -144,33 +144,30 @@ def chat_step(body: Mapping[str, Any], options: ParseOptions, *, streaming: bool
     return step
 
 
-def _chunk_fields(options: ParseOptions, completions: bool) -> FieldsReader | None:
+def _chunk_fields(options: ParseOptions, completions: bool, batches: bool = True) -> FieldsReader | None:
     """A reader of stream chunks of the common shape (text and `token_id:N` logprobs, nothing else): the
-    compiled reader (`_fastpath_json.c`) straight to their parts, their tokens a `TokenBatch` (see
-    ChunkFields); None for any other chunk. None without the compiled twin or a tokenizer."""
+    compiled reader (`_fastpath_json.c`) straight to their parts (see ChunkFields), their tokens a
+    `TokenBatch` with `batches`; None for any other chunk. None without the compiled twin or a tokenizer."""
     if fastpath is None or options.vocab is None:
         return None
     table, flags = id_table(options.vocab)
     read_fields = fastpath.read_chunk
 
     def read(raw: bytes) -> ChunkFields | None:
-        return read_fields(raw, completions, table, flags, True) if type(raw) is bytes else None
+        return read_fields(raw, completions, table, flags, batches) if type(raw) is bytes else None
 
     return read
 
 
 def _chunk_reader(options: ParseOptions, batches: bool, completions: bool) -> ChunkReader | None:
-    """The Step `chat_step` (or `completions_step`) makes of a chunk of the common shape, read by the compiled
-    reader (its tokens a `TokenBatch` with `batches`); None for any other chunk (see `_chunk_fields`)."""
-    if fastpath is None or options.vocab is None:
+    """The Step `chat_step` (or `completions_step`) makes of a chunk of the common shape (`_chunk_fields`);
+    None for any other chunk."""
+    read_fields = _chunk_fields(options, completions, batches)
+    if read_fields is None:
         return None
-    table, flags = id_table(options.vocab)
-    read_fields = fastpath.read_chunk
 
     def read(raw: bytes) -> Step | None:
-        if type(raw) is not bytes:
-            return None
-        fields = read_fields(raw, completions, table, flags, batches)
+        fields = read_fields(raw)
         return None if fields is None else step_of_fields(fields)
 
     return read
