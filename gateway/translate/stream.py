@@ -120,15 +120,13 @@ class _MessageLogprobs:
             entries = render_responses(tokens if type(tokens) is list else tokens.tokens(), self.k)
             self._dicts.extend(entries)
             return entries
+        return orjson.Fragment(self.delta_json(tokens))
+
+    def delta_json(self, tokens: list[Token] | TokenBatch) -> bytes:
+        """A serialized stream's `delta(tokens)`, as the JSON bytes (see ResponsesStream.text_frame)."""
         self._packed.extend(tokens)
         self._joined = self._joined_from = None
-        return orjson.Fragment(render_responses_json(tokens, self.k))
-
-    def delta_json(self, batch: TokenBatch) -> bytes:
-        """`delta(batch)`'s JSON, for a serialized stream's batch (see ResponsesStream.text_frame)."""
-        self._packed.extend(batch)
-        self._joined = self._joined_from = None
-        return batch.render_json(self.k, orjson.dumps)  # type: ignore[attr-defined,no-any-return]
+        return render_responses_json(tokens, self.k)
 
     def keep(self, tokens: list[Token]) -> None:
         """Tokens of text that gets no delta event: rendered with the rest when the list is asked for."""
