@@ -17,7 +17,6 @@ class UpstreamBodyTooLarge(Exception):
     def __init__(self, limit: int, declared: int | None) -> None:
         said = f" (its Content-Length says {declared})" if declared is not None else ""
         super().__init__(f"its body is larger than {limit} bytes{said}")
-        self.limit = limit
 
 
 async def read_whole(response: aiohttp.ClientResponse, limit: int) -> bytes:
