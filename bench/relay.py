@@ -50,7 +50,7 @@ async def relay(request: web.Request) -> web.StreamResponse:
 
 
 async def _session(app: web.Application) -> None:
-    app[SESSION_KEY] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=256),
+    app[SESSION_KEY] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
                                              auto_decompress=False)
 
 

@@ -911,11 +911,15 @@ async def _on_startup(app: web.Application) -> None:
     state.read_bufsize = configured_read_bufsize(os.environ)
     # Every client's requests share these sessions: a cookie one upstream answer set (a sticky load balancer's,
     # a session's) must not ride along on other clients' requests, so none is kept.
-    state.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=256),
+    # No cap on connections (per host either): a request in flight holds one (a stream for as long as it
+    # runs), so a cap made the request past it wait for another to end, and that wait counted as the
+    # upstream's connect timeout (a 504 and a fault against a replica that refused nothing; at 300 at once
+    # under the old 256, 44 failed: tests/test_upstream_pool.py). Idle ones are kept and reused as before.
+    state.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
                                           read_bufsize=state.read_bufsize or DEFAULT_READ_BUFSIZE,
                                           cookie_jar=aiohttp.DummyCookieJar())
     state.long_stream_session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, limit_per_host=256, socket_factory=receive_buffer_socket_factory(
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, socket_factory=receive_buffer_socket_factory(
             long_stream_receive_buffer(os.environ))),
         read_bufsize=LONG_STREAM_READ_BUFSIZE, cookie_jar=aiohttp.DummyCookieJar())
     state.probes.append(asyncio.create_task(state.loop_lag.run()))

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import json
+import logging
 import math
 import os
 import sys
@@ -68,9 +69,13 @@ def _serve(args: argparse.Namespace) -> int:
     state = app[STATE]
     install_idle_trim(app, lambda: state.in_flight > 0, idle_trim)
     from gateway.reload import Reloader
-    from gateway.server import ListenError, configure_logging, serve
+    from gateway.server import ListenError, configure_logging, raise_open_file_limit, serve
 
     configure_logging(config.logging.level)
+    raised = raise_open_file_limit()  # before the fork: workers inherit it
+    if raised is not None:
+        logging.getLogger("responses_gateway").info(json.dumps({"event": "open_file_limit_raised",
+                                                                 "from": raised[0], "to": raised[1]}))
     host = args.host or config.listen.host
     port = args.port if args.port is not None else config.listen.port
     run = asyncio.run

@@ -27,6 +27,30 @@ from gateway.reload import Reloader
 log = logging.getLogger("responses_gateway")
 
 
+# The open-file limit asked for when the hard limit is unlimited.
+_OPEN_FILES_WANTED = 1 << 20
+
+
+def raise_open_file_limit() -> tuple[int, int] | None:
+    """Lift this process's soft limit on open files to its hard one, as Go's runtime does at start: a
+    request in flight holds two descriptors (the client's connection and the upstream's, which has no pool
+    cap), and a shell's usual soft limit of 1,024 would refuse connections past ~500 requests at once.
+    The (old, new) soft limits when it was raised; None when there was nothing to do or it could not be."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = _OPEN_FILES_WANTED if hard == resource.RLIM_INFINITY else hard
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return None
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ValueError, OSError):  # (macOS caps it below the hard limit it reports)
+        return None
+    return soft, wanted
+
+
 def configure_logging(level: str) -> None:
     """One line per record on stderr; access records are already JSON.
 

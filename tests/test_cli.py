@@ -112,3 +112,39 @@ async def test_the_demo_needs_nothing_but_the_plain_install():
                                      timeout=120)
     assert result.returncode == 0, result.stderr
     assert "bytes of the tokens == UTF-8 of the text: True" in result.stdout
+
+
+def _soft_open_files(limit: int):
+    def set_limit() -> None:
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    return set_limit
+
+
+async def test_serve_lifts_a_low_open_file_limit_to_the_hard_one(aiohttp_server, tmp_path):
+    # Two descriptors per request in flight (client and upstream, no pool cap): a shell's soft limit of
+    # 1,024 would refuse connections past ~500 requests at once.
+    resource = pytest.importorskip("resource")
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip(f"the hard open-file limit here is {hard}: nothing to raise to")
+    sim = await aiohttp_server(create_simulator(build_demo_vocab(), "demo-model"))
+    port = _free_port()
+    config = _config(tmp_path, str(sim.make_url("")).rstrip("/"))
+    process = await asyncio.create_subprocess_exec(EXE, "serve", "--config", str(config), "--port", str(port),
+                                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                   preexec_fn=_soft_open_files(256))
+    try:
+        await _wait_listening(port, process)
+        limits = Path(f"/proc/{process.pid}/limits").read_text() if Path("/proc").is_dir() else None
+        process.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(process.communicate(), 30)
+        [event] = [json.loads(line) for line in stderr.decode().splitlines() if "open_file_limit_raised" in line]
+        assert event["from"] == 256 and event["to"] > 256
+        if limits is not None:
+            [row] = [line for line in limits.splitlines() if line.startswith("Max open files")]
+            assert int(row.split()[3]) == event["to"]
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
