@@ -53,6 +53,11 @@ async def _upstream_payloads(aiohttp_server, vocab, api: str, tokens_per_step, k
     return payloads, call
 
 
+def without_random(stream: bytes) -> bytes:
+    """The stream with its ids and times masked (each translation makes its own)."""
+    return _RANDOM.sub(b"<random>", stream)
+
+
 def _front(door: str, vocab, k: int) -> FrontTranslator:
     """The front door as the server streams it."""
     if door == "chat":
@@ -65,10 +70,10 @@ def _encode(door: str, items: list) -> bytes:
     return (OPENAI_CHUNK_FRAMING if door == "chat" else RESPONSES_FRAMING).encode(items)
 
 
-def _as_events(door: str, payloads, call, vocab, k: int) -> tuple[bytes, int]:
-    """Every chunk a Step, fed, its events encoded."""
+def as_events(door: str, payloads, call, vocab, k: int, options: ParseOptions | None = None) -> tuple[bytes, int]:
+    """Every chunk a Step, fed, its events encoded (`options`: the route's; by default the vocabulary's)."""
     front = _front(door, vocab, k)
-    read = call.stream_reader(ParseOptions(vocab=vocab), front.takes_token_batches)
+    read = call.stream_reader(options or ParseOptions(vocab=vocab), front.takes_token_batches)
     items, from_ids, finish = front.start(), 0, None
     for data in payloads:
         step = read(data)
@@ -79,10 +84,11 @@ def _as_events(door: str, payloads, call, vocab, k: int) -> tuple[bytes, int]:
     return _encode(door, items), from_ids
 
 
-def _as_frames(door: str, payloads, call, vocab, k: int) -> tuple[bytes, int, int, int, int]:
+def as_frames(door: str, payloads, call, vocab, k: int, options: ParseOptions | None = None
+              ) -> tuple[bytes, int, int, int, int]:
     """As the server's stream loop: the usual chunk straight to its frame, any other a Step."""
     front = _front(door, vocab, k)
-    options = ParseOptions(vocab=vocab)
+    options = options or ParseOptions(vocab=vocab)
     read, fields_of, frame_of = call.stream_reader(options, True), call.fields_reader(options), front.frame_writer()
     assert fields_of is not None and frame_of is not None
     items: list = front.start()
@@ -118,9 +124,9 @@ async def test_a_stream_written_as_frames_is_the_stream_written_as_events(aiohtt
                                                                          k):
     vocab = build_demo_vocab()
     payloads, call = await _upstream_payloads(aiohttp_server, vocab, api, tokens_per_step, k)
-    events, ids_events = _as_events(door, payloads, call, vocab, k)
-    frames, ids_frames, framed, fed, waited = _as_frames(door, payloads, call, vocab, k)
-    assert _RANDOM.sub(b"<random>", frames) == _RANDOM.sub(b"<random>", events)
+    events, ids_events = as_events(door, payloads, call, vocab, k)
+    frames, ids_frames, framed, fed, waited = as_frames(door, payloads, call, vocab, k)
+    assert without_random(frames) == without_random(events)
     assert ids_frames == ids_events > 0
     # Both ways were taken, and frames that wait for the rest of a character: the test compares something.
     assert framed > 5 and fed > 2 and waited > 5
