@@ -4,6 +4,8 @@ import json
 
 import aiohttp
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.logprobs.demo_vocab import build_demo_vocab
 from gateway.logprobs.spellings import parse_bytes_spelling
@@ -216,9 +218,14 @@ def test_a_streamed_chat_or_completion_keeps_no_entries_and_sends_the_same_chunk
         return CompletionsFront(gen, False)
 
     streamed, whole = front(True), front(False)
-    assert _front_chunks(streamed, steps) == _front_chunks(whole, steps)
+    streamed_chunks = _front_chunks(streamed, steps)
+    if door == "chat":
+        assert streamed_chunks == _front_chunks(whole, steps)
+    else:  # a whole legacy answer builds no chunk for its text (nobody would see one): only the finishing one
+        assert _front_chunks(whole, steps) == streamed_chunks[-1:]
+        assert b'"finish_reason":"length"' in streamed_chunks[-1]
     kept = (streamed.stream._entries, streamed.stream._text) if door == "chat" else (
-        streamed.stream._logprobs, streamed.stream._text)
+        streamed.stream._kept, streamed.stream._text)
     assert not any(kept)
     final = front(False)
     final.start()
@@ -229,5 +236,71 @@ def test_a_streamed_chat_or_completion_keeps_no_entries_and_sends_the_same_chunk
     assert (choice["message"]["content"] if door == "chat" else choice["text"]) == "".join(t for _, t in steps)
     entries = choice["logprobs"]["content"] if door == "chat" else choice["logprobs"]["tokens"]
     assert len(entries) == len(steps)
+    if door == "completions":  # the whole body's lists are the streamed chunks' lists end to end
+        import orjson
+
+        joined: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for chunk in map(orjson.loads, streamed_chunks):
+            for key, values in ((chunk["choices"] or [{}])[0].get("logprobs") or {}).items():
+                joined[key] += values
+        assert choice["logprobs"] == joined and len(joined["tokens"]) == len(steps)
     with pytest.raises(RuntimeError):
         streamed.final("length", None)
+
+
+_CUT_CHARACTERS = [character.encode() for character in ("日", "🎉")]
+_TOKEN_BYTES = st.one_of(
+    st.binary(min_size=1, max_size=4),  # anything, invalid UTF-8 and lone continuation bytes included
+    st.sampled_from(["é", "日", "🎉", " the", "bytes:x"]).map(str.encode),
+    # A character cut in two: its first part, or the rest of it.
+    st.tuples(st.sampled_from(_CUT_CHARACTERS), st.integers(1, 2), st.booleans()).map(
+        lambda cut: cut[0][:cut[1]] if cut[2] else cut[0][cut[1]:]),
+)
+
+
+@st.composite
+def _legacy_steps(draw):
+    from gateway.logprobs.tokens import Candidate, Token
+
+    steps = []
+    for _ in range(draw(st.integers(1, 12))):
+        tokens = []
+        for _ in range(draw(st.integers(0, 3))):
+            data = draw(_TOKEN_BYTES)
+            token_id = draw(st.integers(0, 50))
+            alternatives = tuple(Candidate(draw(_TOKEN_BYTES), -draw(st.floats(0, 20)), draw(st.integers(0, 50)))
+                                 for _ in range(draw(st.integers(0, 4))))
+            tokens.append(Token(data, -draw(st.floats(0, 20)), alternatives, token_id))
+        steps.append((tokens, ""))  # (no upstream text: the grouper spells it from the exact bytes)
+    return steps
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(steps=_legacy_steps(), k=st.integers(0, 4))
+def test_a_whole_legacy_answer_is_its_stream_joined(steps, k):
+    """Not streamed, legacy completions renders each group's tokens once at the end (no chunk per group):
+    its text and its four lists are exactly what the same answer streamed sends, chunk after chunk, also for
+    invalid UTF-8 and characters cut across tokens (where a group's text is not its bytes decoded)."""
+    import orjson
+
+    from gateway.translate.front_doors import generation_from_completions
+    from gateway.translate.fronts import CompletionsFront
+
+    def front(stream: bool) -> CompletionsFront:
+        return CompletionsFront(generation_from_completions({"model": "m", "prompt": "hi", "logprobs": k,
+                                                            "stream": stream}), False)
+
+    streamed = front(True)
+    chunks = [orjson.loads(chunk) for chunk in _front_chunks(streamed, steps)]
+    text = "".join(chunk["choices"][0]["text"] for chunk in chunks if chunk["choices"])
+    joined: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for chunk in chunks:
+        for key, values in ((chunk["choices"] or [{}])[0].get("logprobs") or {}).items():
+            joined[key] += values
+    whole = front(False)
+    whole.start()
+    for tokens, step_text in steps:
+        whole.feed(tokens, step_text)
+    choice = orjson.loads(orjson.dumps(whole.final("length", None)))["choices"][0]
+    assert choice["text"] == text
+    assert choice["logprobs"] == joined

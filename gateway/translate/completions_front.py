@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from gateway.logprobs.render import render_completions
+from gateway.logprobs.render import render_completions, render_completions_groups
 from gateway.logprobs.tokens import Token
 from gateway.logprobs.vocab import Vocab
 from gateway.translate.chat_front import chat_usage, normalize_finish
@@ -18,16 +18,13 @@ from gateway.translate.grouping import TextGrouper
 from gateway.translate.response_object import new_id
 
 
-def _merge(into: dict[str, list[Any]], part: dict[str, list[Any]]) -> None:
-    for key, values in part.items():
-        into.setdefault(key, []).extend(values)
-
-
 class CompletionsStream:
     def __init__(self, model: str, *, logprobs: int | None, include_usage: bool = False,
                  echo_text: str = "", completion_id: str | None = None,
                  created: int | None = None, vocab: Vocab | None = None, keep_for_final: bool = True) -> None:
         # keep_for_final=False (a stream): the text and logprobs are not kept for `final`, which is then not called.
+        # True (a whole answer): no chunk is built, nobody would see it; the text and each group's tokens are
+        # kept, and rendered once, by `final`.
         self._keep = keep_for_final
         self.model = model
         self.k = logprobs
@@ -37,7 +34,7 @@ class CompletionsStream:
         self._grouper = TextGrouper(vocab)
         self._text: list[str] = []
         self._chars = 0
-        self._logprobs: dict[str, list[Any]] = {}
+        self._kept: list[tuple[list[Token], int]] = []  # (a group's tokens, its first character's offset)
         self._echo_text = echo_text
 
     def _chunk(self, text: str, logprobs: Any, finish_reason: str | None = None) -> dict[str, Any]:
@@ -55,17 +52,17 @@ class CompletionsStream:
             return None
         rendered = render_completions(tokens, self.k, text_offset_start=self._chars)
         self._chars += len(text)
-        if self._keep:
-            _merge(self._logprobs, rendered)
         return rendered
 
     def _groups(self, groups: Iterable[tuple[str, list[Token]]]) -> list[dict[str, Any]]:
-        chunks = []
-        for text, tokens in groups:
-            if self._keep:
+        if self._keep:  # a whole answer: kept for `final`, no chunk
+            for text, tokens in groups:
                 self._text.append(text)
-            chunks.append(self._chunk(text, self._render(text, tokens)))
-        return chunks
+                if self.k is not None and tokens:
+                    self._kept.append((tokens, self._chars))
+                self._chars += len(text)
+            return []
+        return [self._chunk(text, self._render(text, tokens)) for text, tokens in groups]
 
     def start(self) -> list[dict[str, Any]]:
         """Echo without logprobs: the prompt's text goes out first."""
@@ -95,8 +92,8 @@ class CompletionsStream:
         self._groups(self._grouper.finish(finish_reason))
         logprobs = None
         if self.k is not None:
-            logprobs = {key: self._logprobs.get(key, []) for key in
-                        ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+            logprobs = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+            render_completions_groups(self._kept, self.k, logprobs)
         return {
             "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
             "choices": [{"index": 0, "text": "".join(self._text), "logprobs": logprobs,
