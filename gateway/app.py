@@ -225,7 +225,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
     gen = generation_from_chat(body)
     usage = _include_usage(body)
-    return await _serve(request, "chat", gen, lambda route: ChatFront(gen, usage, route.vocab),
+    return await _serve(request, "chat", gen, lambda route: ChatFront(gen, usage, route.vocab, serialized=True),
                         OPENAI_CHUNK_FRAMING, "top_logprobs")
 
 

@@ -185,6 +185,19 @@ async def test_k_at_the_cap_is_served(aiohttp_server, vocab):
 
 # --- a stream keeps nothing for a final body it never sends ---------------------------------------------
 
+def _joined_logprobs(door: str, chunks: list[bytes]) -> dict:
+    """The logprobs of every streamed chunk, end to end: what the whole answer's body must hold."""
+    import orjson
+
+    joined: dict = {"content": [], "refusal": None} if door == "chat" else {
+        "tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for chunk in map(orjson.loads, chunks):
+        for key, values in ((chunk["choices"] or [{}])[0].get("logprobs") or {}).items():
+            if values is not None:
+                joined[key] += values
+    return joined
+
+
 def _front_chunks(front, steps):
     import orjson
 
@@ -219,12 +232,10 @@ def test_a_streamed_chat_or_completion_keeps_no_entries_and_sends_the_same_chunk
 
     streamed, whole = front(True), front(False)
     streamed_chunks = _front_chunks(streamed, steps)
-    if door == "chat":
-        assert streamed_chunks == _front_chunks(whole, steps)
-    else:  # a whole legacy answer builds no chunk for its text (nobody would see one): only the finishing one
-        assert _front_chunks(whole, steps) == streamed_chunks[-1:]
-        assert b'"finish_reason":"length"' in streamed_chunks[-1]
-    kept = (streamed.stream._entries, streamed.stream._text) if door == "chat" else (
+    # A whole answer builds no chunk for its text (nobody would see one): only the finishing one.
+    assert _front_chunks(whole, steps) == streamed_chunks[-1:]
+    assert b'"finish_reason":"length"' in streamed_chunks[-1]
+    kept = (streamed.stream._whole.whole(), streamed.stream._text) if door == "chat" else (
         streamed.stream._kept, streamed.stream._text)
     assert not any(kept)
     final = front(False)
@@ -236,14 +247,7 @@ def test_a_streamed_chat_or_completion_keeps_no_entries_and_sends_the_same_chunk
     assert (choice["message"]["content"] if door == "chat" else choice["text"]) == "".join(t for _, t in steps)
     entries = choice["logprobs"]["content"] if door == "chat" else choice["logprobs"]["tokens"]
     assert len(entries) == len(steps)
-    if door == "completions":  # the whole body's lists are the streamed chunks' lists end to end
-        import orjson
-
-        joined: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for chunk in map(orjson.loads, streamed_chunks):
-            for key, values in ((chunk["choices"] or [{}])[0].get("logprobs") or {}).items():
-                joined[key] += values
-        assert choice["logprobs"] == joined and len(joined["tokens"]) == len(steps)
+    assert choice["logprobs"] == _joined_logprobs(door, streamed_chunks)  # the streamed chunks' lists end to end
     with pytest.raises(RuntimeError):
         streamed.final("length", None)
 
@@ -275,32 +279,35 @@ def _legacy_steps(draw):
     return steps
 
 
-@settings(max_examples=300, deadline=None, database=None)
+@pytest.mark.parametrize("serialized", [False, True])
+@pytest.mark.parametrize("door", ["chat", "completions"])
+@settings(max_examples=150, deadline=None, database=None)
 @given(steps=_legacy_steps(), k=st.integers(0, 4))
-def test_a_whole_legacy_answer_is_its_stream_joined(steps, k):
-    """Not streamed, legacy completions renders each group's tokens once at the end (no chunk per group):
-    its text and its four lists are exactly what the same answer streamed sends, chunk after chunk, also for
-    invalid UTF-8 and characters cut across tokens (where a group's text is not its bytes decoded)."""
+def test_a_whole_answer_is_its_stream_joined(door, serialized, steps, k):
+    """Not streamed, chat and legacy completions keep the tokens and render the logprobs once at the end (no
+    chunk per group; chat as one JSON list when serialized, as the server asks): the text and the logprobs
+    are exactly what the same answer streamed sends, chunk after chunk, also for invalid UTF-8 and characters
+    cut across tokens (where a group's text is not its bytes decoded)."""
     import orjson
 
-    from gateway.translate.front_doors import generation_from_completions
-    from gateway.translate.fronts import CompletionsFront
+    from gateway.translate.front_doors import generation_from_chat, generation_from_completions
+    from gateway.translate.fronts import ChatFront, CompletionsFront
 
-    def front(stream: bool) -> CompletionsFront:
+    def front(stream: bool):
+        if door == "chat":
+            return ChatFront(generation_from_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                   "logprobs": True, "top_logprobs": k, "stream": stream}),
+                             False, serialized=serialized)
         return CompletionsFront(generation_from_completions({"model": "m", "prompt": "hi", "logprobs": k,
                                                             "stream": stream}), False)
 
-    streamed = front(True)
-    chunks = [orjson.loads(chunk) for chunk in _front_chunks(streamed, steps)]
-    text = "".join(chunk["choices"][0]["text"] for chunk in chunks if chunk["choices"])
-    joined: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    for chunk in chunks:
-        for key, values in ((chunk["choices"] or [{}])[0].get("logprobs") or {}).items():
-            joined[key] += values
+    chunks = _front_chunks(front(True), steps)
+    choices = [orjson.loads(chunk)["choices"][0] for chunk in chunks if b'"choices":[]' not in chunk]
+    text = "".join((choice["delta"].get("content") or "") if door == "chat" else choice["text"] for choice in choices)
     whole = front(False)
     whole.start()
     for tokens, step_text in steps:
         whole.feed(tokens, step_text)
     choice = orjson.loads(orjson.dumps(whole.final("length", None)))["choices"][0]
-    assert choice["text"] == text
-    assert choice["logprobs"] == joined
+    assert (choice["message"]["content"] if door == "chat" else choice["text"]) == text
+    assert choice["logprobs"] == _joined_logprobs(door, chunks)

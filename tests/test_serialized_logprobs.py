@@ -272,18 +272,18 @@ def test_a_stream_read_as_token_batches_writes_the_frames_of_one_read_as_tokens(
         assert "TokenBatch" in batch_kinds
 
 
-def _chat_chunks(chunks, k, stream):
-    """The chat chunks the chat front door sends for `chunks` (vLLM chat chunks), read as the server reads
-    them: streamed, as TokenBatches into a translator that writes each entry list once as JSON; not
-    streamed, as Tokens into one that builds the entry dicts (and keeps them for the final body)."""
+def _chat_chunks(chunks, k, batches):
+    """The chat chunks the chat front door streams for `chunks` (vLLM chat chunks): read as the server reads
+    them (`batches`: as TokenBatches, each entry list written once as JSON from the ids), or read as Tokens
+    (each entry list written from the Tokens' bytes)."""
     from gateway.translate.front_doors import generation_from_chat
     from gateway.translate.fronts import ChatFront
 
     gen = generation_from_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
-                                "top_logprobs": k, "stream": stream})
+                                "top_logprobs": k, "stream": True})
     front = ChatFront(gen, False, PIECES_VOCAB)
     read = UpstreamCall("/v1/chat/completions", {}, chat_step, load_chat_body, chat_chunk_reader).stream_reader(
-        ParseOptions(vocab=PIECES_VOCAB), front.takes_token_batches)
+        ParseOptions(vocab=PIECES_VOCAB), batches and front.takes_token_batches)
     out, kinds = _drive(chunks, read, front.start, front.feed_step, front.finish)
     if type(out) is tuple:
         return out, kinds
@@ -294,10 +294,11 @@ def _chat_chunks(chunks, k, stream):
 @settings(max_examples=200)
 def test_a_chat_stream_read_as_token_batches_sends_the_chunks_of_one_read_as_tokens(data, k):
     """The chat front door's streams take TokenBatches too and write each chunk's entries as JSON from
-    the ids: every chunk is byte for byte what the entry dicts of the same chunks, read as Tokens, give."""
+    the ids: every chunk is byte for byte what the same chunks read as Tokens give (their entries written
+    from the Tokens' bytes; that writer is held to the entry dicts in tests/test_fastpath.py)."""
     chunks = data.draw(id_streams())
-    as_batches, batch_kinds = _chat_chunks(chunks, k, stream=True)
-    as_tokens, kinds = _chat_chunks(chunks, k, stream=False)
+    as_batches, batch_kinds = _chat_chunks(chunks, k, batches=True)
+    as_tokens, kinds = _chat_chunks(chunks, k, batches=False)
     assert as_batches == as_tokens
     assert kinds == {"list"}
     if fastpath is not None:

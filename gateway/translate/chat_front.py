@@ -14,11 +14,12 @@ import orjson
 
 from gateway.canonical.step import ToolCallDelta
 from gateway.logprobs.compiled import TokenBatch
-from gateway.logprobs.render import render_chat, render_responses_json
+from gateway.logprobs.render import render_responses_json
 from gateway.logprobs.tokens import Token
 from gateway.logprobs.vocab import Vocab
 from gateway.translate.grouping import TextGrouper
 from gateway.translate.response_object import new_id
+from gateway.translate.stream import MessageLogprobs
 
 
 def chat_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -38,9 +39,12 @@ def normalize_finish(reason: str | None) -> str:
 class ChatStream:
     def __init__(self, model: str, *, logprobs: bool, top_logprobs: int, include_usage: bool = False,
                  completion_id: str | None = None, created: int | None = None,
-                 vocab: Vocab | None = None, keep_for_final: bool = True) -> None:
+                 vocab: Vocab | None = None, keep_for_final: bool = True, serialized: bool = False) -> None:
         # keep_for_final=False (a stream, whose chunks are all it sends): the text and logprob entries are not
         # kept for `final`, which is then not called; a 1,000-token k=5 stream held ~2 MB of entry dicts.
+        # True (a whole answer): no chunk is built for its text, nobody would see one; its tokens are kept
+        # (a whole body's TokenBatch as it is) and its logprob list rendered once, by `final`, as a Response's
+        # message is (the entries are the same): as JSON written once (`serialized`, the server), else dicts.
         self._keep = keep_for_final
         self.model = model
         self.logprobs = logprobs
@@ -50,7 +54,7 @@ class ChatStream:
         self.created = created if created is not None else int(time.time())
         self._grouper = TextGrouper(vocab)
         self._text: list[str] = []
-        self._entries: list[dict[str, Any]] = []
+        self._whole = MessageLogprobs(top_logprobs, serialized)  # a whole answer's tokens (keep_for_final)
         self._reasoning: list[str] = []
         self._tool_calls: dict[int, dict[str, Any]] = {}  # upstream index -> the call so far
         self._frame_head = self._frame_tail = b""  # a text chunk's frame around its text and logprobs (text_frame)
@@ -72,26 +76,25 @@ class ChatStream:
     def _logprobs(self, tokens: list[Token] | TokenBatch) -> dict[str, Any] | None:
         if not self.logprobs:
             return None
-        if not self._keep:
-            # A stream's entries are only serialized: written once as JSON (chat's entries are the Responses
-            # entries), from the ids when the grouper passed a step's TokenBatch on.
-            return {"content": orjson.Fragment(render_responses_json(tokens, self.k)), "refusal": None}
-        entries = render_chat(tokens if type(tokens) is list else tokens.tokens(), self.k)  # type: ignore[union-attr]
-        self._entries.extend(entries)
-        return {"content": entries, "refusal": None}
+        # A stream's entries are only serialized: written once as JSON (chat's entries are the Responses
+        # entries), from the ids when the grouper passed a step's TokenBatch on.
+        return {"content": orjson.Fragment(render_responses_json(tokens, self.k)), "refusal": None}
 
     def start(self) -> list[dict[str, Any]]:
-        return [self._chunk({"role": "assistant", "content": ""}, None)]
+        return [] if self._keep else [self._chunk({"role": "assistant", "content": ""}, None)]
 
     def _groups_to_chunks(self, groups: Iterable[tuple[str, list[Token]]]) -> list[dict[str, Any]]:
-        chunks = []
-        for text, tokens in groups:
-            if self._keep:
+        if self._keep:  # a whole answer: kept for `final`, no chunk
+            for text, tokens in groups:
                 self._text.append(text)
-            chunks.append(self._chunk({"content": text}, self._logprobs(tokens)))
-        return chunks
+                if self.logprobs:
+                    self._whole.keep(tokens)
+            return []
+        return [self._chunk({"content": text}, self._logprobs(tokens)) for text, tokens in groups]
 
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]:
+        if self._keep:  # only the groups' sum is used: one group a step where it can be (a body's batch whole)
+            return self._groups_to_chunks(self._grouper.feed_all(tokens, upstream_text))
         return self._groups_to_chunks(self._grouper.feed(tokens, upstream_text))
 
     def text_frame(self, upstream_text: str, batch: TokenBatch) -> bytes | None:
@@ -116,6 +119,7 @@ class ChatStream:
             return []
         if self._keep:
             self._reasoning.append(text)
+            return []
         return [self._chunk({"reasoning_content": text}, None)]
 
     def feed_tool_calls(self, deltas: Iterable[ToolCallDelta]) -> list[dict[str, Any]]:
@@ -135,7 +139,7 @@ class ChatStream:
             function["arguments"] = delta.arguments
             piece["function"] = function
             pieces.append(piece)
-        return [self._chunk({"tool_calls": pieces}, None)] if pieces else []
+        return [self._chunk({"tool_calls": pieces}, None)] if pieces and not self._keep else []
 
     def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
         chunks = self._groups_to_chunks(self._grouper.finish(finish_reason))
@@ -157,7 +161,7 @@ class ChatStream:
             message["content"] = text or None  # OpenAI's shape for a turn that only calls tools
         if self._reasoning:
             message["reasoning_content"] = "".join(self._reasoning)
-        logprobs = {"content": self._entries, "refusal": None} if self.logprobs else None
+        logprobs = {"content": self._whole.whole(), "refusal": None} if self.logprobs else None
         return {
             "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
             "choices": [{"index": 0, "message": message, "logprobs": logprobs,

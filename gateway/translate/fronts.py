@@ -116,9 +116,12 @@ class ResponsesFront(_Front):
 
 
 class ChatFront(_Front):
-    def __init__(self, gen: Generation, include_usage: bool, vocab: Vocab | None = None) -> None:
+    def __init__(self, gen: Generation, include_usage: bool, vocab: Vocab | None = None, *,
+                 serialized: bool = False) -> None:
+        # The server passes serialized=True: a whole answer's logprobs are then JSON written once (see ChatStream).
         self.stream = ChatStream(gen.model, logprobs=gen.logprobs, top_logprobs=gen.top_k_logprobs,
-                                 include_usage=include_usage, vocab=vocab, keep_for_final=not gen.stream)
+                                 include_usage=include_usage, vocab=vocab, keep_for_final=not gen.stream,
+                                 serialized=serialized)
         self.takes_token_batches = gen.stream  # a stream's entries are written from the ids (see ChatStream)
 
     def frame_writer(self) -> FrameWriter | None:

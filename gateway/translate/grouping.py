@@ -226,7 +226,7 @@ class TextGrouper:
 
         A `TokenBatch` (a whole body's tokens, read by the compiled reader) whose visible tokens spell the
         text exactly is that one group as it is: the batch stands for its visible tokens (the caller renders
-        it whole, `_MessageLogprobs`); any other is made Tokens first."""
+        it whole, `MessageLogprobs`); any other is made Tokens first."""
         if self._pending_batch is not None:
             self._unbatch_pending()
         if type(tokens) is TokenBatch:

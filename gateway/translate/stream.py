@@ -90,7 +90,7 @@ def _call_id(upstream_id: str | None) -> str:
 Logprobs = list[dict[str, Any]] | orjson.Fragment
 
 
-class _MessageLogprobs:
+class MessageLogprobs:
     """The message's logprob entries, as its reader wants them.
 
     As dicts for code that reads them; as JSON (`orjson.Fragment`) for the server, which only
@@ -190,7 +190,7 @@ class ResponsesStream:
         self._sequence = 0
         self._text: list[str] = []
         table = id_table(vocab)[0] if vocab is not None and serialized and deltas else None
-        self._logprobs = _MessageLogprobs(settings.top_logprobs, serialized, table)
+        self._logprobs = MessageLogprobs(settings.top_logprobs, serialized, table)
         self._with_deltas = deltas
         # The open message's `output_text.delta` frame as `text_frame` writes it: its fixed middle part,
         # set when the message opens (None: no frames, only events).
