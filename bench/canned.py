@@ -85,6 +85,17 @@ def responses_request(case: Case) -> dict[str, Any]:
             "include": [LOGPROBS_INCLUDE], "top_logprobs": case.k, "stream": case.stream, "ignore_eos": True}
 
 
+def front_door_request(case: Case) -> tuple[str, dict[str, Any]]:
+    """What a client of the gateway's own `case.api` door sends for `case` (the OpenAI SDKs' chat door, the
+    legacy completions door), with the path: the same upstream request as `responses_request`'s (the same
+    replay key), so the gateway's answer is built from the same recorded body."""
+    common = {"model": f"bench-{case.api}", "max_tokens": case.tokens, "stream": case.stream, "ignore_eos": True}
+    if case.api == "chat":
+        return "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": PROMPT}],
+                                        "logprobs": case.k > 0, "top_logprobs": case.k}
+    return "/v1/completions", {**common, "prompt": PROMPT, "logprobs": case.k}
+
+
 def replay_key(path: str, body: dict[str, Any]) -> str:
     """How the replay server finds the answer to an upstream request (both APIs, both modes)."""
     k = body.get("top_logprobs") if path.endswith("/chat/completions") else body.get("logprobs")

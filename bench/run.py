@@ -38,7 +38,7 @@ from typing import Any
 import orjson
 
 from bench import procstat, speed
-from bench.canned import Case, gateway_config, record_to_file
+from bench.canned import Case, front_door_request, gateway_config, record_to_file
 from bench.loop import uvloop_available
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -266,11 +266,15 @@ def _job(stack: Stack, spec: dict[str, Any]) -> dict[str, Any]:
     return orjson.loads(line)
 
 
-def measure(stack: Stack, canned: dict[str, Any], case: Case, target: str, concurrency: int, plan: Plan
-            ) -> dict[str, Any]:
-    """Drive one target with one cell's load; add the CPU and memory of the process under test."""
+def measure(stack: Stack, canned: dict[str, Any], case: Case, target: str, concurrency: int, plan: Plan,
+            front_door: str = "responses") -> dict[str, Any]:
+    """Drive one target with one cell's load; add the CPU and memory of the process under test. The gateway
+    is asked through `front_door`: /v1/responses, or its own API's door (`api`: chat or completions)."""
     recorded = canned["cases"][case.key]
-    if target == "gateway":
+    if target == "gateway" and front_door == "api":
+        path, request = front_door_request(case)
+        url, body, kind = stack.url(target) + path, json.dumps(request), case.api
+    elif target == "gateway":
         url, body, kind = stack.url(target) + "/v1/responses", recorded["responses_request"], "responses"
     else:
         url, body, kind = stack.url(target) + recorded["path"], recorded["upstream_request"], case.api

@@ -4,6 +4,8 @@
     .venv/bin/python -m bench.stream_cpu --gateway-src DIR        # DIR and this tree, interleaved
     .venv/bin/python -m bench.stream_cpu --profile out.txt        # py-spy on this tree's gateway
     .venv/bin/python -m bench.stream_cpu --non-streamed           # the same for whole (non-streamed) answers
+    .venv/bin/python -m bench.stream_cpu --non-streamed --front-door api   # through /v1/chat/completions and
+                                                                  # /v1/completions instead of /v1/responses
 
 Rows: streamed Responses, 100 tokens, k=5, concurrency 16, on the chat route and on the completions
 route, with the default store (sqlite). Only the gateway is driven (bench/run.py's stack: the replay
@@ -39,7 +41,8 @@ def _cpu_ms(result: dict[str, Any]) -> float:
 
 
 def run(out: Path, rounds: int, duration: float, concurrency: int, sources: list[Path | None], store: str,
-        profile: Path | None = None, relay: bool = False, cases: tuple[Case, ...] = CASES) -> dict[str, list[float]]:
+        profile: Path | None = None, relay: bool = False, cases: tuple[Case, ...] = CASES,
+        front_door: str = "responses") -> dict[str, list[float]]:
     out.mkdir(parents=True, exist_ok=True)
     canned_path = out / "canned.json"
     canned = record_to_file(list(cases), canned_path)
@@ -58,7 +61,7 @@ def run(out: Path, rounds: int, duration: float, concurrency: int, sources: list
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     time.sleep(1.0)
                 for case in cases:
-                    result = measure(stack, canned, case, "gateway", concurrency, plan)
+                    result = measure(stack, canned, case, "gateway", concurrency, plan, front_door)
                     key = f"{label} {case.api}"
                     figures.setdefault(key, []).append(_cpu_ms(result))
                     print(f"round {round_ + 1} {key}: {_cpu_ms(result):.3f} ms CPU/request, {result['rps']:.1f} "
@@ -84,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per measured window")
     parser.add_argument("--concurrency", type=int, help="requests at a time (default 16; 1 with --non-streamed)")
     parser.add_argument("--non-streamed", action="store_true", help="whole answers instead of streams")
+    parser.add_argument("--front-door", choices=["responses", "api"], default="responses",
+                        help="ask the gateway on /v1/responses (default) or on each row's own API's door")
     parser.add_argument("--store", default="sqlite", choices=["none", "memory", "sqlite"])
     parser.add_argument("--gateway-src", type=Path, help="also run the gateway from this source tree (before)")
     parser.add_argument("--relay", action="store_true", help="also the bare relay's CPU per request (chat/completions)")
@@ -93,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     concurrency = args.concurrency or (1 if args.non_streamed else 16)
     cases = WHOLE_CASES if args.non_streamed else CASES
     figures = run(args.out, 1 if args.profile else args.rounds, args.duration, concurrency, sources,
-                  args.store, args.profile, args.relay, cases)
+                  args.store, args.profile, args.relay, cases, args.front_door)
     print()
     for key, values in figures.items():
         each = ", ".join(f"{v:.2f}" for v in values)
