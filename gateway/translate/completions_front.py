@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from gateway.logprobs.compiled import TokenBatch
 from gateway.logprobs.render import render_completions, render_completions_groups
 from gateway.logprobs.tokens import Token
 from gateway.logprobs.vocab import Vocab
@@ -54,12 +55,14 @@ class CompletionsStream:
         self._chars += len(text)
         return rendered
 
-    def _groups(self, groups: Iterable[tuple[str, list[Token]]]) -> list[dict[str, Any]]:
+    def _groups(self, groups: Iterable[tuple[str, list[Token] | TokenBatch]]) -> list[dict[str, Any]]:
         if self._keep:  # a whole answer: kept for `final`, no chunk
             for text, tokens in groups:
                 self._text.append(text)
                 if self.k is not None and tokens:
-                    self._kept.append((tokens, self._chars))
+                    # (a body's TokenBatch stands for its visible tokens: grouping.feed_all)
+                    kept = tokens.tokens(True) if type(tokens) is TokenBatch else tokens  # type: ignore[union-attr]
+                    self._kept.append((kept, self._chars))
                 self._chars += len(text)
             return []
         return [self._chunk(text, self._render(text, tokens)) for text, tokens in groups]
@@ -75,6 +78,11 @@ class CompletionsStream:
         return self._groups([(text, tokens)])
 
     def feed(self, tokens: Iterable[Token], upstream_text: str = "") -> list[dict[str, Any]]:
+        if self._keep:
+            # A whole answer: one group a step where its bytes are whole, valid UTF-8 (grouping.feed_all). Its
+            # offsets are the same as per character: each character's group spans its own lead byte, and a
+            # token that starts inside a character is never a group's first.
+            return self._groups(self._grouper.feed_all(tokens, upstream_text))
         return self._groups(self._grouper.feed(tokens, upstream_text))
 
     def finish(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
