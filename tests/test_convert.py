@@ -30,12 +30,12 @@ logprobs = st.floats(min_value=-60.0, max_value=0.0, allow_nan=False)
 
 
 @st.composite
-def token_runs(draw, max_k=6):
-    """Random bytes split into random tokens, each with k random distinct alternatives, in normalized
+def token_runs(draw, max_k=6, data=st.binary(min_size=1, max_size=40)):  # noqa: B008  (a strategy, not a call per run)
+    """Random bytes (`data`) split into random tokens, each with k random distinct alternatives, in normalized
     form (sorted, distinct) and consistent: the sampled token is either one of the top k or no more
     likely than the k-th. A round trip must give them back unchanged."""
     k = draw(st.integers(min_value=0, max_value=max_k))
-    data = draw(st.binary(min_size=1, max_size=40))
+    data = draw(data)
     cuts = sorted(set(draw(st.lists(st.integers(1, max(1, len(data) - 1)), max_size=10))))
     bounds = [0, *[c for c in cuts if c < len(data)], len(data)]
     tokens = []

@@ -252,38 +252,31 @@ def test_a_streamed_chat_or_completion_keeps_no_entries_and_sends_the_same_chunk
         streamed.final("length", None)
 
 
-_CUT_CHARACTERS = [character.encode() for character in ("日", "🎉")]
-_TOKEN_BYTES = st.one_of(
-    st.binary(min_size=1, max_size=4),  # anything, invalid UTF-8 and lone continuation bytes included
-    st.sampled_from(["é", "日", "🎉", " the", "bytes:x"]).map(str.encode),
-    # A character cut in two: its first part, or the rest of it.
-    st.tuples(st.sampled_from(_CUT_CHARACTERS), st.integers(1, 2), st.booleans()).map(
-        lambda cut: cut[0][:cut[1]] if cut[2] else cut[0][cut[1]:]),
-)
+# Text (its characters cut anywhere by the token boundaries), any bytes (invalid UTF-8, lone continuation
+# bytes), and text that would read back as the legacy `bytes:` spelling.
+_ANSWER_BYTES = st.one_of(st.text(min_size=1, max_size=30).map(str.encode), st.binary(min_size=1, max_size=40),
+                          st.just("bytes:x 日本".encode()))
 
 
 @st.composite
-def _legacy_steps(draw):
-    from gateway.logprobs.tokens import Candidate, Token
+def _answer_steps(draw):
+    """(k, steps): tests.test_convert's token runs, cut into upstream steps of 1-3 tokens."""
+    from tests.test_convert import token_runs
 
+    k, tokens = draw(token_runs(max_k=4, data=_ANSWER_BYTES))
     steps = []
-    for _ in range(draw(st.integers(1, 12))):
-        tokens = []
-        for _ in range(draw(st.integers(0, 3))):
-            data = draw(_TOKEN_BYTES)
-            token_id = draw(st.integers(0, 50))
-            alternatives = tuple(Candidate(draw(_TOKEN_BYTES), -draw(st.floats(0, 20)), draw(st.integers(0, 50)))
-                                 for _ in range(draw(st.integers(0, 4))))
-            tokens.append(Token(data, -draw(st.floats(0, 20)), alternatives, token_id))
-        steps.append((tokens, ""))  # (no upstream text: the grouper spells it from the exact bytes)
-    return steps
+    while tokens:
+        size = draw(st.integers(1, 3))
+        steps.append((tokens[:size], ""))  # (no upstream text: the grouper spells it from the exact bytes)
+        tokens = tokens[size:]
+    return k, steps
 
 
 @pytest.mark.parametrize("serialized", [False, True])
 @pytest.mark.parametrize("door", ["chat", "completions"])
 @settings(max_examples=150, deadline=None, database=None)
-@given(steps=_legacy_steps(), k=st.integers(0, 4))
-def test_a_whole_answer_is_its_stream_joined(door, serialized, steps, k):
+@given(run=_answer_steps())
+def test_a_whole_answer_is_its_stream_joined(door, serialized, run):
     """Not streamed, chat and legacy completions keep the tokens and render the logprobs once at the end (no
     chunk per group; chat as one JSON list when serialized, as the server asks): the text and the logprobs
     are exactly what the same answer streamed sends, chunk after chunk, also for invalid UTF-8 and characters
@@ -291,6 +284,8 @@ def test_a_whole_answer_is_its_stream_joined(door, serialized, steps, k):
     import orjson
 
     from gateway.translate.front_doors import generation_from_chat, generation_from_completions
+
+    k, steps = run
     from gateway.translate.fronts import ChatFront, CompletionsFront
 
     def front(stream: bool):
